@@ -1,0 +1,100 @@
+/**
+ * What the HTTP side needs from an inference backend. Engines never see HTTP or OpenAI JSON;
+ * services never see node-llama-cpp or onnxruntime types.
+ */
+
+/** A loaded embedding model. */
+export interface EmbeddingEngine {
+  /** Length of the pooled vector. */
+  readonly nativeDims: number;
+  /** Number of token ids the tokenizer knows; ids at or above it are invalid. */
+  readonly vocabSize: number;
+  /** The exact token sequence the model will process for `text` (special tokens included). */
+  tokenize(text: string): Promise<number[]>;
+  /** Completes client-given token ids the way `tokenize` would (e.g. appends EOS). */
+  completeTokens(ids: readonly number[]): number[];
+  /** Pooled vectors (not yet normalised), one per sequence, in order. */
+  embed(sequences: readonly (readonly number[])[], signal?: AbortSignal): Promise<Float32Array[]>;
+  /** Frees native memory. */
+  dispose(): Promise<void>;
+}
+
+/** A message as the chat engine receives it: roles and plain text, no wire details. */
+export type EngineMessage =
+  | { role: "system" | "user"; text: string }
+  | { role: "assistant"; text: string; reasoning?: string; toolCalls: EngineToolCall[] }
+  | { role: "tool"; text: string; toolCallId: string; toolName?: string };
+
+/** A function call in history or in a response. */
+export interface EngineToolCall {
+  id: string;
+  name: string;
+  /** The arguments as JSON text. */
+  arguments: string;
+}
+
+/** A function the model may call. */
+export interface EngineTool {
+  name: string;
+  description?: string;
+  /** JSON schema of the arguments object. */
+  parameters?: Record<string, unknown>;
+}
+
+/** What constrains the output. */
+export type OutputConstraint =
+  | { type: "text" }
+  | { type: "json_object" }
+  | { type: "json_schema"; schema: Record<string, unknown> };
+
+/** Sampling settings; absent fields take the engine's defaults. */
+export interface SamplingOptions {
+  temperature?: number;
+  topP?: number;
+  topK?: number;
+  minP?: number;
+  seed?: number;
+  presencePenalty?: number;
+  frequencyPenalty?: number;
+  repeatPenalty?: number;
+}
+
+/** One generation request. */
+export interface ChatJob {
+  messages: EngineMessage[];
+  tools: EngineTool[];
+  /** `none`, `auto`, `required`, or the one function that must be called. */
+  toolChoice: "none" | "auto" | "required" | { name: string };
+  parallelToolCalls: boolean;
+  output: OutputConstraint;
+  sampling: SamplingOptions;
+  maxTokens?: number;
+  stop: string[];
+  enableThinking: boolean;
+}
+
+/** What a generation yields, in order: `prompt` once, then text and calls, then `end` once. */
+export type ChatEvent =
+  | { type: "prompt"; promptTokens: number }
+  | { type: "content"; text: string }
+  | { type: "reasoning"; text: string }
+  | { type: "tool_call"; call: EngineToolCall }
+  | { type: "end"; finishReason: "stop" | "length" | "tool_calls"; completionTokens: number };
+
+/** A loaded chat model. */
+export interface ChatEngine {
+  /** Context window in tokens (prompt + completion). */
+  readonly contextSize: number;
+  /** Runs one job; stops and frees its sequence when `signal` aborts or the iterator is returned. */
+  generate(job: ChatJob, signal: AbortSignal): AsyncIterable<ChatEvent>;
+  /** Frees native memory. */
+  dispose(): Promise<void>;
+}
+
+/** A request the engine cannot serve as asked (e.g. too long, or a schema it cannot enforce). */
+export class EngineInputError extends Error {
+  override name = "EngineInputError";
+  constructor(message: string, readonly param: string | null, readonly code: string | null = null) {
+    super(message);
+  }
+}

@@ -1,0 +1,77 @@
+/** Reads a request body as JSON within a byte limit, with OpenAI-style errors for each fault. */
+import { ApiError, badRequest } from "./errors.ts";
+
+/**
+ * Parses the JSON body of `req`, refusing non-JSON content types (415), bodies over `limitBytes`
+ * (413), invalid UTF-8 and malformed JSON (400).
+ *
+ * @example
+ * ```ts
+ * const body = await readJsonBody(req, 8 * 1024 * 1024);
+ * ```
+ */
+export async function readJsonBody(req: Request, limitBytes: number): Promise<unknown> {
+  const type = req.headers.get("content-type") ?? "";
+  if (!/^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i.test(type)) {
+    throw new ApiError(
+      415,
+      "invalid_request_error",
+      `Unsupported Content-Type '${type || "(none)"}': send 'Content-Type: application/json' ` +
+        `(with curl: -H 'Content-Type: application/json').`,
+      null,
+      "unsupported_media_type",
+    );
+  }
+  const declared = Number(req.headers.get("content-length") ?? NaN);
+  if (declared > limitBytes) throw tooLarge(limitBytes);
+  const bytes = await readLimited(req, limitBytes);
+  let text: string;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch {
+    throw badRequest("The request body is not valid UTF-8.", null, "invalid_json");
+  }
+  if (text.trim() === "") throw badRequest("The request body is empty; send a JSON object.");
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch (e) {
+    throw badRequest(
+      `The request body is not valid JSON (${(e as Error).message}).`,
+      null,
+      "invalid_json",
+    );
+  }
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    throw badRequest("The request body must be a JSON object.", null, "invalid_json");
+  }
+  return body;
+}
+
+async function readLimited(req: Request, limitBytes: number): Promise<Uint8Array> {
+  if (!req.body) return new Uint8Array();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for await (const chunk of req.body) {
+    total += chunk.byteLength;
+    if (total > limitBytes) throw tooLarge(limitBytes);
+    chunks.push(chunk);
+  }
+  const out = new Uint8Array(total);
+  let at = 0;
+  for (const c of chunks) {
+    out.set(c, at);
+    at += c.byteLength;
+  }
+  return out;
+}
+
+function tooLarge(limitBytes: number): ApiError {
+  return new ApiError(
+    413,
+    "invalid_request_error",
+    `The request body is larger than the limit of ${limitBytes} bytes (setting body-limit).`,
+    null,
+    "request_too_large",
+  );
+}

@@ -1,0 +1,117 @@
+/**
+ * The one place where failures become HTTP: every {@link ApiError} maps to one status and one
+ * OpenAI error body `{"error":{"message","type","param","code"}}`.
+ */
+import type { z } from "zod";
+
+/** The OpenAI error `type` values this server emits. */
+export type ApiErrorType =
+  | "invalid_request_error"
+  | "authentication_error"
+  | "permission_error"
+  | "not_found_error"
+  | "rate_limit_error"
+  | "server_error"
+  | "service_unavailable_error"
+  | "timeout_error";
+
+/** The wire shape of an error body. */
+export interface ErrorBody {
+  error: { message: string; type: ApiErrorType; param: string | null; code: string | null };
+}
+
+/**
+ * A failure whose cause is known: it carries everything the client is told.
+ *
+ * @example
+ * ```ts
+ * throw new ApiError(400, "invalid_request_error", "dimensions must be 32..4096", "dimensions");
+ * ```
+ */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly type: ApiErrorType,
+    message: string,
+    readonly param: string | null = null,
+    readonly code: string | null = null,
+    readonly headers: Record<string, string> = {},
+  ) {
+    super(message);
+    this.name = "ApiError";
+  }
+
+  /** The JSON body the client receives. */
+  toBody(): ErrorBody {
+    return {
+      error: { message: this.message, type: this.type, param: this.param, code: this.code },
+    };
+  }
+}
+
+/** 400 invalid_request_error, the most common fault. */
+export function badRequest(message: string, param: string | null = null, code: string | null = null) {
+  return new ApiError(400, "invalid_request_error", message, param, code);
+}
+
+/** 404 for a model id that the registry does not know. */
+export function modelNotFound(model: string): ApiError {
+  return new ApiError(
+    404,
+    "invalid_request_error",
+    `The model '${model}' does not exist. GET /v1/models lists the models this server serves.`,
+    "model",
+    "model_not_found",
+  );
+}
+
+/** A JSON path such as `messages[2].content[0].text`, as OpenAI reports `param`. */
+export function formatPath(path: readonly PropertyKey[]): string | null {
+  let out = "";
+  for (const part of path) {
+    if (typeof part === "number") out += `[${part}]`;
+    else out += out === "" ? String(part) : `.${String(part)}`;
+  }
+  return out === "" ? null : out;
+}
+
+/**
+ * Turns the first zod issue into a 400 that names the offending field.
+ *
+ * @example
+ * ```ts
+ * const r = schema.safeParse(body);
+ * if (!r.success) throw fromZodError(r.error);
+ * ```
+ */
+export function fromZodError(error: z.ZodError): ApiError {
+  const issue = error.issues[0];
+  const param = formatPath(issue.path);
+  const where = param ?? "the request body";
+  return badRequest(`Invalid value for '${where}': ${humanMessage(issue)}`, param, "invalid_value");
+}
+
+function humanMessage(issue: z.core.$ZodIssue): string {
+  const text = issue.message.replace(/^Invalid input: /, "");
+  if (issue.code === "invalid_type" && text.endsWith("received undefined")) {
+    return `this field is required (${text.replace(/, received undefined$/, "")}).`;
+  }
+  return text.endsWith(".") ? text : `${text}.`;
+}
+
+/** A JSON response with the given status (used for bodies and errors alike). */
+export function jsonResponse(
+  body: unknown,
+  status = 200,
+  headers: Record<string, string> = {},
+): Response {
+  return new Response(JSON.stringify(body), {
+    status,
+    headers: { "content-type": "application/json", ...headers },
+  });
+}
+
+/** The response for an {@link ApiError}. */
+export function errorResponse(error: ApiError): Response {
+  return jsonResponse(error.toBody(), error.status, error.headers);
+}

@@ -1,0 +1,80 @@
+/** Server-sent events: `data: <json>\n\n` frames, comment pings and the `[DONE]` terminator. */
+
+const encoder = new TextEncoder();
+
+/** The headers of every event-stream response. */
+export const SSE_HEADERS: Record<string, string> = {
+  "content-type": "text/event-stream; charset=utf-8",
+  "cache-control": "no-cache",
+  "connection": "keep-alive",
+  "x-accel-buffering": "no",
+};
+
+/** One `data:` event carrying `payload` as JSON. */
+export function sseData(payload: unknown): Uint8Array {
+  return encoder.encode(`data: ${JSON.stringify(payload)}\n\n`);
+}
+
+/** The terminal `data: [DONE]` event of OpenAI streams. */
+export const SSE_DONE: Uint8Array = encoder.encode("data: [DONE]\n\n");
+
+/** A comment line; clients ignore it, proxies see traffic and keep the connection. */
+export function sseComment(text: string): Uint8Array {
+  return encoder.encode(`: ${text.replace(/[\r\n]+/g, " ")}\n\n`);
+}
+
+/**
+ * Turns an async source of payloads into an SSE body that ends with `[DONE]`. Pings are sent
+ * every `pingMs` while the source is silent. When the client goes away the source's iterator is
+ * returned (`finally` blocks run), so producers free their resources.
+ *
+ * @example
+ * ```ts
+ * new Response(sseStream(chunks()), { headers: SSE_HEADERS });
+ * ```
+ */
+export function sseStream(
+  source: AsyncIterable<unknown>,
+  opts: { pingMs?: number; onError?: (e: unknown) => unknown } = {},
+): ReadableStream<Uint8Array> {
+  const iterator = source[Symbol.asyncIterator]();
+  let ping: ReturnType<typeof setInterval> | undefined;
+  let finished = false;
+  const stop = () => {
+    finished = true;
+    if (ping !== undefined) clearInterval(ping);
+  };
+  return new ReadableStream<Uint8Array>({
+    start(controller) {
+      if (opts.pingMs) {
+        ping = setInterval(() => {
+          if (!finished) controller.enqueue(sseComment("ping"));
+        }, opts.pingMs);
+      }
+    },
+    async pull(controller) {
+      try {
+        const next = await iterator.next();
+        if (finished) return;
+        if (next.done) {
+          stop();
+          controller.enqueue(SSE_DONE);
+          controller.close();
+        } else {
+          controller.enqueue(sseData(next.value));
+        }
+      } catch (e) {
+        if (finished) return;
+        stop();
+        // After the first byte the status is sent: the error travels as an event, then [DONE].
+        if (opts.onError) controller.enqueue(sseData(opts.onError(e)));
+        controller.enqueue(SSE_DONE);
+        controller.close();
+      }
+    },
+    async cancel() {
+      stop();
+      await iterator.return?.();
+    },
+  });
+}

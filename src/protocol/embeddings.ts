@@ -1,0 +1,38 @@
+/** `POST /v1/embeddings`: the request and response as the OpenAI v1 family shapes them. */
+import { z } from "zod";
+import { EmbeddingUsageSchema, ModelIdSchema } from "./common.ts";
+
+const TokenId = z.number().int().min(0);
+
+/** The request body; unknown fields are ignored. */
+export const EmbeddingsRequestSchema = z.object({
+  model: ModelIdSchema,
+  input: z.union([z.string(), z.array(z.string()), z.array(TokenId), z.array(z.array(TokenId))], {
+    error: "input must be a string, an array of strings, an array of token ids, " +
+      "or an array of token-id arrays",
+  }),
+  dimensions: z.number().int().nullish(),
+  encoding_format: z.enum(["float", "base64"], {
+    error: "encoding_format must be 'float' or 'base64'",
+  }).nullish(),
+  user: z.string().nullish(),
+  /** Extension: cut each entry to the model's limit instead of rejecting it. */
+  truncate: z.boolean().nullish(),
+});
+export type EmbeddingsRequest = z.infer<typeof EmbeddingsRequestSchema>;
+
+/** One vector of the response. */
+export const EmbeddingSchema = z.object({
+  object: z.literal("embedding"),
+  index: z.number().int().min(0),
+  embedding: z.union([z.array(z.number()), z.string()]),
+});
+
+/** The response body. */
+export const EmbeddingsResponseSchema = z.object({
+  object: z.literal("list"),
+  model: z.string(),
+  data: z.array(EmbeddingSchema),
+  usage: EmbeddingUsageSchema,
+});
+export type EmbeddingsResponse = z.infer<typeof EmbeddingsResponseSchema>;

@@ -1,0 +1,18 @@
+/** `GET /v1/models` and `GET /v1/models/{id}`. */
+import { z } from "zod";
+
+/** One model as listed; `status` and `kind` are extensions OpenAI clients ignore. */
+export const ModelObjectSchema = z.object({
+  id: z.string(),
+  object: z.literal("model"),
+  created: z.number().int(),
+  owned_by: z.string(),
+  kind: z.enum(["chat", "embedding"]).optional(),
+  status: z.enum(["loading", "loaded", "failed"]).optional(),
+  alias_of: z.string().optional(),
+});
+export type ModelObject = z.infer<typeof ModelObjectSchema>;
+
+/** The list response. */
+export const ModelListSchema = z.object({ object: z.literal("list"), data: z.array(ModelObjectSchema) });
+export type ModelList = z.infer<typeof ModelListSchema>;

@@ -1,0 +1,192 @@
+/**
+ * Model ids and aliases → loaded engines, with load state. Ids resolve only through this table,
+ * so a model name in a request never reaches the filesystem.
+ */
+import { z } from "zod";
+import { ApiError, badRequest, modelNotFound } from "./http/errors.ts";
+import type { ChatEngine, EmbeddingEngine } from "./engines/types.ts";
+import type { Logger } from "./log.ts";
+
+/** One entry of `models/models.json` (or of a config file's `models`). */
+export const ModelSpecSchema = z.object({
+  id: z.string().min(1).regex(/^[\w.:\/-]+$/, "ids use letters, digits and . _ : / -"),
+  aliases: z.array(z.string().min(1)).default([]),
+  kind: z.enum(["chat", "embedding"]),
+  backend: z.enum(["llama", "onnx"]).default("llama"),
+  /** A file path, `hf:<owner>/<repo>/<file>[@<revision>]`, or `builtin:<preset>`. */
+  source: z.string().min(1),
+  /** Expected SHA-256 (hex) of a downloaded file. */
+  sha256: z.string().regex(/^[0-9a-f]{64}$/).optional(),
+  /** Expected size in bytes of a downloaded file. */
+  size: z.number().int().positive().optional(),
+  /** For ONNX models: the tokenizer.json (path or builtin:qwen3). */
+  tokenizer: z.string().optional(),
+  owned_by: z.string().default("vserve"),
+  /** Logged loudly at start: e.g. generated weights whose output is meaningless. */
+  warning: z.string().optional(),
+  contextSize: z.number().int().min(256).optional(),
+  threads: z.number().int().min(1).optional(),
+  gpuLayers: z.union([z.number().int().min(0), z.literal("auto"), z.literal("max")]).optional(),
+  parallel: z.number().int().min(1).max(256).default(4),
+  pooling: z.enum(["last", "mean", "cls"]).optional(),
+  maxInputTokens: z.number().int().min(1).optional(),
+  nativeDims: z.number().int().min(1).optional(),
+  /** Matryoshka support: `dimensions` accepted from `minDims` to the native size. */
+  matryoshka: z.boolean().default(true),
+  minDims: z.number().int().min(1).default(32),
+  /** Default of `chat_template_kwargs.enable_thinking`. */
+  thinking: z.boolean().default(false),
+}).strict();
+export type ModelSpec = z.infer<typeof ModelSpecSchema>;
+
+/** The registry file: a list of model specs with unique ids and aliases. */
+export const RegistryFileSchema = z.object({ models: z.array(ModelSpecSchema) }).superRefine((r, ctx) => {
+  const seen = new Map<string, number>();
+  r.models.forEach((m, i) => {
+    for (const name of [m.id, ...m.aliases]) {
+      if (seen.has(name)) {
+        ctx.addIssue({
+          code: "custom",
+          path: ["models", i, "id"],
+          message: `the name '${name}' is used by models[${seen.get(name)}] and models[${i}]`,
+        });
+      }
+      seen.set(name, i);
+    }
+  });
+});
+
+/**
+ * Validates registry JSON; the error names the entry and field.
+ *
+ * @example
+ * ```ts
+ * const specs = parseRegistry(JSON.parse(await Deno.readTextFile("models/models.json")), "models.json");
+ * ```
+ */
+export function parseRegistry(json: unknown, origin: string): ModelSpec[] {
+  const r = RegistryFileSchema.safeParse(json);
+  if (r.success) return r.data.models;
+  const issue = r.error.issues[0];
+  const where = issue.path.map((p) => typeof p === "number" ? `[${p}]` : `.${String(p)}`).join("")
+    .replace(/^\./, "");
+  throw new Error(`${origin}: ${where || "(top level)"}: ${issue.message}`);
+}
+
+/** Load state of a model. */
+export type LoadState = "loading" | "loaded" | "failed";
+type AnyEngine = ChatEngine | EmbeddingEngine;
+
+/** One served model with its state. */
+export interface ModelSlot {
+  spec: ModelSpec;
+  state: LoadState;
+  error?: string;
+  engine?: AnyEngine;
+  loadSeconds?: number;
+  /** Extra facts for /health (e.g. GPU in use). */
+  details: Record<string, unknown>;
+  created: number;
+}
+
+/** Loads one spec into an engine. */
+export type EngineLoader = (
+  spec: ModelSpec,
+  report: (details: Record<string, unknown>) => void,
+) => Promise<AnyEngine>;
+
+/** The served models. */
+export class Registry {
+  readonly #slots: ModelSlot[];
+  readonly #byName = new Map<string, ModelSlot>();
+
+  constructor(specs: readonly ModelSpec[], created = Math.floor(Date.now() / 1000)) {
+    this.#slots = specs.map((spec) => ({ spec, state: "loading", details: {}, created }));
+    for (const slot of this.#slots) {
+      for (const name of [slot.spec.id, ...slot.spec.aliases]) this.#byName.set(name, slot);
+    }
+  }
+
+  /** Every model, in registry order. */
+  get slots(): readonly ModelSlot[] {
+    return this.#slots;
+  }
+
+  /** True when every model is loaded. */
+  get ready(): boolean {
+    return this.#slots.every((s) => s.state === "loaded");
+  }
+
+  /** Loads every model (in order, to bound peak memory); failures are recorded, not thrown. */
+  async loadAll(loader: EngineLoader, log: Logger): Promise<void> {
+    for (const slot of this.#slots) {
+      const started = performance.now();
+      log.info("model loading", { model: slot.spec.id, source: slot.spec.source });
+      try {
+        slot.engine = await loader(slot.spec, (d) => Object.assign(slot.details, d));
+        slot.state = "loaded";
+        slot.loadSeconds = (performance.now() - started) / 1000;
+        log.info("model loaded", {
+          model: slot.spec.id,
+          seconds: Number(slot.loadSeconds.toFixed(2)),
+          ...slot.details,
+        });
+      } catch (e) {
+        slot.state = "failed";
+        slot.error = (e as Error).message;
+        log.error("model failed to load", { model: slot.spec.id, reason: slot.error });
+      }
+    }
+  }
+
+  /** The slot for an id or alias; 404 when unknown. */
+  find(name: string): ModelSlot {
+    const slot = this.#byName.get(name);
+    if (!slot) throw modelNotFound(name);
+    return slot;
+  }
+
+  /** The loaded engine of a model of `kind`; 404 unknown, 400 wrong kind, 503 not ready. */
+  engine<K extends "chat" | "embedding">(
+    name: string,
+    kind: K,
+  ): { slot: ModelSlot; engine: K extends "chat" ? ChatEngine : EmbeddingEngine } {
+    const slot = this.find(name);
+    if (slot.spec.kind !== kind) {
+      const endpoint = slot.spec.kind === "chat" ? "/v1/chat/completions" : "/v1/embeddings";
+      throw badRequest(
+        `The model '${name}' is a ${slot.spec.kind} model; use it with ${endpoint}.`,
+        "model",
+        "wrong_model_kind",
+      );
+    }
+    if (slot.state === "loading") {
+      throw new ApiError(
+        503,
+        "service_unavailable_error",
+        `The model '${name}' is still loading; retry shortly.`,
+        "model",
+        "model_loading",
+        { "retry-after": "5" },
+      );
+    }
+    if (slot.state === "failed" || !slot.engine) {
+      throw new ApiError(
+        503,
+        "service_unavailable_error",
+        `The model '${name}' failed to load; the server log and /health give the reason.`,
+        "model",
+        "model_failed",
+      );
+    }
+    return { slot, engine: slot.engine as K extends "chat" ? ChatEngine : EmbeddingEngine };
+  }
+
+  /** Frees every engine. */
+  async dispose(): Promise<void> {
+    for (const slot of this.#slots) {
+      await slot.engine?.dispose().catch(() => {});
+      slot.engine = undefined;
+    }
+  }
+}

@@ -1,0 +1,133 @@
+/** The OpenAI semantics of `/v1/embeddings`: entries, limits, dimensions, encodings, usage. */
+import { badRequest } from "../http/errors.ts";
+import type { EmbeddingsRequest, EmbeddingsResponse } from "../protocol/embeddings.ts";
+import type { EmbeddingEngine } from "../engines/types.ts";
+import { float32ToBase64, truncateAndNormalize } from "./vectors.ts";
+
+/** Limits that come from the registry entry and the server settings. */
+export interface EmbeddingLimits {
+  maxInputTokens: number;
+  maxEntries: number;
+  matryoshka: boolean;
+  minDims: number;
+}
+
+/**
+ * Answers one embeddings request with `engine`.
+ *
+ * @example
+ * ```ts
+ * const res = await createEmbeddings({ model: "m", input: "hi" }, engine, limits);
+ * ```
+ */
+export async function createEmbeddings(
+  req: EmbeddingsRequest,
+  engine: EmbeddingEngine,
+  limits: EmbeddingLimits,
+  signal?: AbortSignal,
+): Promise<EmbeddingsResponse> {
+  const dims = checkDimensions(req.dimensions, engine.nativeDims, limits);
+  const sequences = await tokenizeEntries(req, engine, limits);
+  const vectors = await engine.embed(sequences, signal);
+  const base64 = req.encoding_format === "base64";
+  const promptTokens = sequences.reduce((n, s) => n + s.length, 0);
+  return {
+    object: "list",
+    model: req.model,
+    data: vectors.map((v, index) => {
+      const unit = truncateAndNormalize(v, dims);
+      return {
+        object: "embedding" as const,
+        index,
+        embedding: base64 ? float32ToBase64(unit) : Array.from(unit),
+      };
+    }),
+    usage: { prompt_tokens: promptTokens, total_tokens: promptTokens },
+  };
+}
+
+function checkDimensions(
+  dimensions: number | null | undefined,
+  native: number,
+  limits: EmbeddingLimits,
+): number {
+  if (dimensions === undefined || dimensions === null) return native;
+  if (!limits.matryoshka) {
+    if (dimensions === native) return native;
+    throw badRequest(
+      `This model does not support 'dimensions' other than its native ${native}.`,
+      "dimensions",
+      "invalid_value",
+    );
+  }
+  const min = Math.min(limits.minDims, native);
+  if (dimensions < min || dimensions > native) {
+    throw badRequest(
+      `dimensions must be an integer from ${min} to ${native} inclusive; got ${dimensions}.`,
+      "dimensions",
+      "invalid_value",
+    );
+  }
+  return dimensions;
+}
+
+/** The entries as token sequences the model will process, with every limit checked. */
+async function tokenizeEntries(
+  req: EmbeddingsRequest,
+  engine: EmbeddingEngine,
+  limits: EmbeddingLimits,
+): Promise<number[][]> {
+  const input = req.input;
+  let entries: (string | number[])[];
+  if (typeof input === "string") entries = [input];
+  else if (input.length > 0 && typeof input[0] === "number") entries = [input as number[]];
+  else entries = input as (string | number[])[];
+  const single = typeof input === "string" || (input.length > 0 && typeof input[0] === "number");
+  if (entries.length === 0) throw badRequest("input must not be an empty array.", "input", "invalid_value");
+  if (entries.length > limits.maxEntries) {
+    throw badRequest(
+      `input has ${entries.length} entries; at most ${limits.maxEntries} are allowed per request.`,
+      "input",
+      "too_many_inputs",
+    );
+  }
+  const out: number[][] = [];
+  for (let i = 0; i < entries.length; i++) {
+    const entry = entries[i];
+    const param = single ? "input" : `input[${i}]`;
+    let ids: number[];
+    if (typeof entry === "string") {
+      if (entry === "") {
+        throw badRequest(`${param} is an empty string; every entry needs text.`, param, "invalid_value");
+      }
+      ids = await engine.tokenize(entry);
+    } else {
+      if (entry.length === 0) throw badRequest(`${param} is an empty token array.`, param, "invalid_value");
+      const bad = entry.findIndex((t) => t >= engine.vocabSize);
+      if (bad >= 0) {
+        throw badRequest(
+          `${param} holds token id ${entry[bad]} at position ${bad}; this model's vocabulary has ids 0..${
+            engine.vocabSize - 1
+          }.`,
+          param,
+          "invalid_value",
+        );
+      }
+      ids = engine.completeTokens(entry);
+    }
+    if (ids.length > limits.maxInputTokens) {
+      if (!req.truncate) {
+        throw badRequest(
+          `Entry ${i} of input has ${ids.length} tokens; this model accepts at most ${limits.maxInputTokens} ` +
+            `per entry. Shorten it, or send "truncate": true to cut it to the limit.`,
+          "input",
+          "context_length_exceeded",
+        );
+      }
+      // Keep the end-of-text token that last-token pooling reads.
+      ids = [...ids.slice(0, limits.maxInputTokens - 1), ids[ids.length - 1]];
+    }
+    out.push(ids);
+  }
+  return out;
+}

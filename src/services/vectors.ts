@@ -1,0 +1,59 @@
+/** Vector maths and encodings of embeddings. */
+
+/**
+ * Keeps the first `dims` components and rescales them to unit L2 length (Matryoshka truncation).
+ *
+ * @example
+ * ```ts
+ * truncateAndNormalize(new Float32Array([3, 4, 12]), 2); // → [0.6, 0.8]
+ * ```
+ */
+export function truncateAndNormalize(vector: Float32Array, dims: number): Float32Array {
+  const out = vector.slice(0, dims);
+  let sum = 0;
+  for (let i = 0; i < out.length; i++) sum += out[i] * out[i];
+  const norm = Math.sqrt(sum);
+  if (norm > 0) { for (let i = 0; i < out.length; i++) out[i] /= norm; }
+  return out;
+}
+
+/**
+ * Little-endian float32 bytes as base64, the OpenAI `encoding_format: "base64"` form.
+ *
+ * @example
+ * ```ts
+ * float32ToBase64(new Float32Array([1])); // "AACAPw=="
+ * ```
+ */
+export function float32ToBase64(vector: Float32Array): string {
+  const bytes = new Uint8Array(vector.length * 4);
+  const view = new DataView(bytes.buffer);
+  for (let i = 0; i < vector.length; i++) view.setFloat32(i * 4, vector[i], true);
+  let binary = "";
+  const step = 0x8000;
+  for (let i = 0; i < bytes.length; i += step) {
+    binary += String.fromCharCode(...bytes.subarray(i, i + step));
+  }
+  return btoa(binary);
+}
+
+/** The inverse of {@link float32ToBase64}. */
+export function base64ToFloat32(text: string): Float32Array {
+  const binary = atob(text);
+  const view = new DataView(new ArrayBuffer(binary.length));
+  for (let i = 0; i < binary.length; i++) view.setUint8(i, binary.charCodeAt(i));
+  const out = new Float32Array(binary.length / 4);
+  for (let i = 0; i < out.length; i++) out[i] = view.getFloat32(i * 4, true);
+  return out;
+}
+
+/** Cosine similarity of two vectors of equal length. */
+export function cosine(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let dot = 0, na = 0, nb = 0;
+  for (let i = 0; i < a.length; i++) {
+    dot += a[i] * b[i];
+    na += a[i] * a[i];
+    nb += b[i] * b[i];
+  }
+  return dot / Math.sqrt(na * nb);
+}

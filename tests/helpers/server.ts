@@ -1,0 +1,139 @@
+/** Starts the real server (`main.ts`) as a child process on a free port, for HTTP tests. */
+
+/** Parsed JSON of a response under test: its shape is what the test asserts. */
+// deno-lint-ignore no-explicit-any
+export type Json = any;
+
+const ROOT = new URL("../../", import.meta.url);
+
+/** A running server process. */
+export interface TestServer {
+  url: string;
+  /** Every log line the process has written so far (stderr and stdout). */
+  logs: string[];
+  /** Sends SIGTERM and waits for exit; returns the exit code. */
+  stop(signal?: Deno.Signal): Promise<number>;
+  /** Resolves with the exit code when the process ends by itself. */
+  exited: Promise<number>;
+}
+
+/**
+ * Starts `main.ts` with `args` (plus `--port 0`), waits for its `listening` line, and optionally
+ * for every model to be loaded.
+ *
+ * @example
+ * ```ts
+ * const server = await startServer(["--api-key", "k"]);
+ * await fetch(`${server.url}/health`);
+ * await server.stop();
+ * ```
+ */
+export async function startServer(
+  args: string[] = [],
+  opts: { env?: Record<string, string>; waitReady?: boolean; timeoutMs?: number } = {},
+): Promise<TestServer> {
+  const command = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", "main.ts", "--port", "0", "--log-format", "json", ...args],
+    cwd: ROOT,
+    env: { NO_COLOR: "1", ...opts.env },
+    stdout: "piped",
+    stderr: "piped",
+    stdin: "null",
+  });
+  const child = command.spawn();
+  const logs: string[] = [];
+  let resolveUrl!: (url: string) => void;
+  const urlPromise = new Promise<string>((r) => (resolveUrl = r));
+  const pump = async (stream: ReadableStream<Uint8Array>) => {
+    let buf = "";
+    for await (const text of stream.pipeThrough(new TextDecoderStream())) {
+      buf += text;
+      let nl;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        logs.push(line);
+        if (line.includes('"msg":"listening"')) resolveUrl(`http://127.0.0.1:${JSON.parse(line).port}`);
+      }
+    }
+    if (buf) logs.push(buf);
+  };
+  const pumps = Promise.all([pump(child.stdout), pump(child.stderr)]);
+  const exited = child.status.then(async (s) => {
+    await pumps;
+    return s.code;
+  });
+  const timeoutMs = opts.timeoutMs ?? 120_000;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const url = await Promise.race([
+    urlPromise,
+    exited.then((code) => {
+      throw new Error(`server exited with ${code} before listening:\n${logs.join("\n")}`);
+    }),
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`server did not listen:\n${logs.join("\n")}`)), timeoutMs);
+    }),
+  ]).finally(() => clearTimeout(timer));
+  const server: TestServer = {
+    url,
+    logs,
+    exited,
+    async stop(signal: Deno.Signal = "SIGTERM") {
+      try {
+        child.kill(signal);
+      } catch { /* already gone */ }
+      return await exited;
+    },
+  };
+  if (opts.waitReady) {
+    const deadline = Date.now() + timeoutMs;
+    while (true) {
+      const health = await (await fetch(`${url}/health`)).json();
+      if (health.ready) break;
+      const failed = health.models.find((m: { status: string }) => m.status === "failed");
+      if (failed) {
+        await server.stop();
+        throw new Error(`model failed: ${JSON.stringify(failed)}\n${logs.join("\n")}`);
+      }
+      if (Date.now() > deadline) throw new Error(`models not ready:\n${logs.join("\n")}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  return server;
+}
+
+/** Runs `main.ts` with `args` to completion (for start-up failures); returns code and output. */
+export async function runMain(args: string[], env: Record<string, string> = {}) {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", "main.ts", ...args],
+    cwd: ROOT,
+    env: { NO_COLOR: "1", ...env },
+    stdin: "null",
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/** POSTs JSON with a bearer key; returns status, headers and parsed body. */
+export async function postJson(
+  url: string,
+  body: unknown,
+  key: string | null = "test-key",
+  headers: Record<string, string> = {},
+): Promise<{ status: number; headers: Headers; body: Json }> {
+  const res = await fetch(url, {
+    method: "POST",
+    headers: {
+      "content-type": "application/json",
+      ...(key ? { authorization: `Bearer ${key}` } : {}),
+      ...headers,
+    },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+  const text = await res.text();
+  let parsed: unknown = text;
+  try {
+    parsed = JSON.parse(text);
+  } catch { /* not JSON: keep the text */ }
+  return { status: res.status, headers: res.headers, body: parsed };
+}

@@ -1,0 +1,124 @@
+/** Unit tests of pure logic: SSE encoding, vector maths, settings precedence, error paths. */
+import assert from "node:assert/strict";
+import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
+import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/services/vectors.ts";
+import { ConfigError, loadConfig } from "../src/config.ts";
+import { formatPath } from "../src/http/errors.ts";
+import { constantTimeEqual, KeyRing } from "../src/http/auth.ts";
+import { parseRegistry } from "../src/registry.ts";
+
+const text = (b: Uint8Array) => new TextDecoder().decode(b);
+
+Deno.test("SSE: an event is 'data: <json>' and a blank line", () => {
+  assert.equal(text(sseData({ a: "é\n" })), 'data: {"a":"é\\n"}\n\n');
+  assert.equal(text(SSE_DONE), "data: [DONE]\n\n");
+});
+
+Deno.test("SSE: a stream ends with [DONE] after its events", async () => {
+  async function* src() {
+    yield { n: 1 };
+    yield { n: 2 };
+  }
+  const out = await new Response(sseStream(src())).text();
+  assert.equal(out, 'data: {"n":1}\n\ndata: {"n":2}\n\ndata: [DONE]\n\n');
+});
+
+Deno.test("SSE: an error after the first event becomes an error event, then [DONE]", async () => {
+  async function* src() {
+    yield { n: 1 };
+    throw new Error("boom");
+  }
+  const out = await new Response(sseStream(src(), { onError: () => ({ error: { message: "x" } }) })).text();
+  assert.equal(out, 'data: {"n":1}\n\ndata: {"error":{"message":"x"}}\n\ndata: [DONE]\n\n');
+});
+
+Deno.test("SSE: cancelling the body runs the source's finally block", async () => {
+  let cleaned = false;
+  async function* src() {
+    try {
+      while (true) yield { tick: true };
+    } finally {
+      cleaned = true;
+    }
+  }
+  const reader = sseStream(src()).getReader();
+  await reader.read();
+  await reader.cancel();
+  assert.equal(cleaned, true);
+});
+
+Deno.test("truncateAndNormalize keeps the first N components at unit length", () => {
+  const v = truncateAndNormalize(new Float32Array([3, 4, 12]), 2);
+  assert.deepEqual(Array.from(v).map((x) => Number(x.toFixed(6))), [0.6, 0.8]);
+});
+
+Deno.test("base64 embeddings are little-endian float32 and round-trip", () => {
+  assert.equal(float32ToBase64(new Float32Array([1])), "AACAPw==");
+  const v = new Float32Array([0.1, -2.5, 3e-8]);
+  assert.deepEqual(base64ToFloat32(float32ToBase64(v)), v);
+});
+
+Deno.test("formatPath writes JSON paths as OpenAI reports param", () => {
+  assert.equal(formatPath(["messages", 2, "role"]), "messages[2].role");
+  assert.equal(formatPath([]), null);
+});
+
+Deno.test("settings: flags beat env, env beats the config file", async () => {
+  const file = await Deno.makeTempFile({ suffix: ".json" });
+  await Deno.writeTextFile(file, JSON.stringify({ port: 1111, host: "127.0.0.2", threads: 1 }));
+  const { config } = await loadConfig(["--config", file, "--port", "3333"], {
+    VSERVE_PORT: "2222",
+    VSERVE_HOST: "127.0.0.3",
+  });
+  assert.equal(config.port, 3333);
+  assert.equal(config.host, "127.0.0.3");
+  assert.equal(config.threads, 1);
+  await Deno.remove(file);
+});
+
+Deno.test("settings: an unknown key in the config file is an error naming it", async () => {
+  const file = await Deno.makeTempFile({ suffix: ".json" });
+  await Deno.writeTextFile(file, JSON.stringify({ prot: 1 }));
+  await assert.rejects(
+    loadConfig(["--config", file], {}),
+    (e: Error) => e instanceof ConfigError && /prot/.test(e.message),
+  );
+  await Deno.remove(file);
+});
+
+Deno.test("settings: keys come from flags, env and a key file together", async () => {
+  const file = await Deno.makeTempFile();
+  await Deno.writeTextFile(file, "# ops keys\nk-file\n\n");
+  const { config } = await loadConfig(["--api-key", "k-flag", "--api-key-file", file], {});
+  assert.deepEqual(config.apiKeys, ["k-flag", "k-file"]);
+  const env = await loadConfig([], { VSERVE_API_KEY: "a,b" });
+  assert.deepEqual(env.config.apiKeys, ["a", "b"]);
+  await Deno.remove(file);
+});
+
+Deno.test("auth: constant-time comparison and bearer parsing", () => {
+  assert.equal(constantTimeEqual(new Uint8Array([1, 2]), new Uint8Array([1, 2])), true);
+  assert.equal(constantTimeEqual(new Uint8Array([1, 2]), new Uint8Array([1, 3])), false);
+  const ring = new KeyRing(["k"]);
+  ring.authorize("Bearer k");
+  ring.authorize("bearer   k");
+  assert.throws(() => ring.authorize("Bearer x"));
+  assert.throws(() => ring.authorize(null));
+});
+
+Deno.test("registry: a duplicate name and a missing field are clear errors", () => {
+  assert.throws(
+    () =>
+      parseRegistry({
+        models: [
+          { id: "a", kind: "chat", source: "x.gguf" },
+          { id: "b", aliases: ["a"], kind: "chat", source: "y.gguf" },
+        ],
+      }, "models.json"),
+    /models\[1\]\.id: the name 'a' is used by models\[0\] and models\[1\]/,
+  );
+  assert.throws(
+    () => parseRegistry({ models: [{ id: "a", source: "x" }] }, "models.json"),
+    /models\[0\]\.kind/,
+  );
+});
