@@ -1,15 +1,65 @@
-/** Picks the engine implementation for a registry entry. */
+/** Picks and loads the engine implementation for a registry entry. */
 import type { Config } from "../config.ts";
 import type { Logger } from "../log.ts";
 import type { ModelSpec } from "../registry.ts";
 import type { ChatEngine, EmbeddingEngine } from "./types.ts";
+import { resolveSource } from "../models/sources.ts";
+import { qwen3TokenizerJsonPath } from "../models/qwen3_vocab.ts";
+import { engineThreads, llamaRuntime } from "./llama/runtime.ts";
+import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
+import { LlamaChatEngine } from "./llama/chat.ts";
+import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
 
-/** Loads the engine for `spec`. */
-export function loadEngine(
+/**
+ * Loads the engine for `spec`; server-wide settings (threads, gpu, ctx size, parallel) override
+ * the registry entry when given on the command line, in the environment or config file.
+ */
+export async function loadEngine(
   spec: ModelSpec,
-  _config: Config,
-  _log: Logger,
-  _report: (details: Record<string, unknown>) => void,
+  config: Config,
+  log: Logger,
+  report: (details: Record<string, unknown>) => void,
 ): Promise<ChatEngine | EmbeddingEngine> {
-  return Promise.reject(new Error(`no engine for backend '${spec.backend}' yet`));
+  const path = await resolveSource(spec.source, {
+    cacheDir: config.modelCache,
+    hubUrl: config.hubUrl,
+    log,
+    sha256: spec.sha256,
+    size: spec.size,
+  });
+  const threads = engineThreads(spec.threads ?? config.threads);
+  const gpuLayers = config.gpuLayers ?? spec.gpuLayers;
+  const parallel = config.parallel ?? spec.parallel;
+  if (spec.backend === "onnx") {
+    if (spec.kind !== "embedding") throw new Error("the onnx backend serves embedding models only");
+    const tokenizer = !spec.tokenizer || spec.tokenizer === "builtin:qwen3" ? qwen3TokenizerJsonPath() : spec.tokenizer;
+    const { engine, provider } = await OnnxEmbeddingEngine.load({
+      modelPath: path,
+      tokenizerPath: tokenizer,
+      pooling: spec.pooling ?? "mean",
+      threads,
+      gpu: config.gpu === "vulkan" ? "cpu" : config.gpu,
+      maxBatch: 64,
+      log,
+    });
+    report({ backend: "onnx", execution_provider: provider, threads, dims: engine.nativeDims });
+    return engine;
+  }
+  const llama = await llamaRuntime(config.gpu, log);
+  report({ backend: "llama", gpu: llama.gpu || "cpu", threads, parallel });
+  if (spec.kind === "embedding") {
+    const engine = await LlamaEmbeddingEngine.load(llama, {
+      modelPath: path,
+      gpuLayers,
+      threads,
+      parallel,
+      maxInputTokens: spec.maxInputTokens ?? 8192,
+    });
+    report({ dims: engine.nativeDims });
+    return engine;
+  }
+  const contextSize = config.ctxSize ?? spec.contextSize ?? 32768;
+  const engine = await LlamaChatEngine.load(llama, { modelPath: path, gpuLayers, threads, parallel, contextSize, log });
+  report({ context_size: engine.contextSize });
+  return engine;
 }

@@ -1,0 +1,326 @@
+/**
+ * GGUF chat models through node-llama-cpp. The prompt is the GGUF's own Jinja chat template
+ * rendered with the OpenAI-shaped history; generation runs on one of N sequences of a shared
+ * context (concurrent requests decode in shared batches); grammars enforce JSON output and
+ * forced tool calls; tool calls are parsed and returned, never executed.
+ */
+import {
+  type Llama,
+  type LlamaContext,
+  type LlamaContextSequence,
+  LlamaCompletion,
+  type LlamaGrammar,
+  type LlamaModel,
+  type Token,
+} from "node-llama-cpp";
+import { Template } from "@huggingface/jinja";
+import type { ChatEngine, ChatEvent, ChatJob, EngineMessage } from "../types.ts";
+import { EngineInputError } from "../types.ts";
+import type { Logger } from "../../log.ts";
+import { QwenOutputParser } from "./output_parser.ts";
+import { toGrammarSchema } from "./json_schema.ts";
+
+/** How to load a GGUF chat model. */
+export interface LlamaChatOptions {
+  modelPath: string;
+  gpuLayers?: number | "auto" | "max";
+  threads: number;
+  parallel: number;
+  contextSize: number;
+  log: Logger;
+}
+
+/** Most tool calls one forced turn may hold (bounds the grammar's repetition). */
+const MAX_PARALLEL_CALLS = 8;
+
+/** A chat model with a pool of sequences. */
+export class LlamaChatEngine implements ChatEngine {
+  readonly contextSize: number;
+  readonly #llama: Llama;
+  readonly #model: LlamaModel;
+  readonly #context: LlamaContext;
+  readonly #template: Template;
+  readonly #idle: LlamaContextSequence[];
+  readonly #waiting: ((s: LlamaContextSequence) => void)[] = [];
+  readonly #log: Logger;
+  readonly #specials: { bos: string; eos: string };
+
+  private constructor(llama: Llama, model: LlamaModel, context: LlamaContext, template: string, log: Logger) {
+    this.#llama = llama;
+    this.#model = model;
+    this.#context = context;
+    this.#template = new Template(template);
+    this.#log = log;
+    this.contextSize = context.contextSize;
+    this.#idle = Array.from({ length: context.totalSequences }, () => context.getSequence());
+    this.#specials = {
+      bos: model.tokens.bosString ?? "",
+      eos: model.tokens.eosString ?? "",
+    };
+  }
+
+  /** Loads the model and one context with `parallel` sequences of `contextSize` tokens each. */
+  static async load(llama: Llama, opts: LlamaChatOptions): Promise<LlamaChatEngine> {
+    const model = await llama.loadModel({ modelPath: opts.modelPath, gpuLayers: opts.gpuLayers });
+    const template = model.fileInfo.metadata.tokenizer?.chat_template;
+    if (typeof template !== "string" || template === "") {
+      await model.dispose();
+      throw new Error(`'${opts.modelPath}' has no chat template (tokenizer.chat_template)`);
+    }
+    const context = await model.createContext({
+      contextSize: opts.contextSize,
+      sequences: opts.parallel,
+      threads: opts.threads,
+      batchSize: Math.min(opts.contextSize, 2048),
+    });
+    return new LlamaChatEngine(llama, model, context, template, opts.log);
+  }
+
+  /** The prompt text for a job, rendered with the model's chat template. */
+  renderPrompt(job: ChatJob): string {
+    return this.#template.render({
+      messages: toTemplateMessages(job.messages),
+      tools: job.tools.length > 0 && job.toolChoice !== "none"
+        ? job.tools.map((t) => ({
+          type: "function",
+          function: { name: t.name, description: t.description ?? "", parameters: t.parameters ?? {} },
+        }))
+        : undefined,
+      add_generation_prompt: true,
+      enable_thinking: job.enableThinking,
+      bos_token: this.#specials.bos,
+      eos_token: this.#specials.eos,
+    });
+  }
+
+  async *generate(job: ChatJob, signal: AbortSignal): AsyncGenerator<ChatEvent> {
+    const prompt = this.renderPrompt(job);
+    const tokens = this.#model.tokenize(prompt, true);
+    const limit = this.contextSize;
+    if (tokens.length + (job.maxTokens ?? 1) > limit) {
+      throw new EngineInputError(
+        `This model's context window is ${limit} tokens; the messages take ${tokens.length} tokens` +
+          (job.maxTokens ? ` and max_tokens asks for ${job.maxTokens} more` : "") +
+          ". Shorten the messages or lower max_tokens.",
+        "messages",
+        "context_length_exceeded",
+      );
+    }
+    const grammar = await this.#grammarFor(job);
+    signal.throwIfAborted();
+    const sequence = await this.#acquire(signal);
+    const stop = new AbortController();
+    const onAbort = () => stop.abort(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    const queue = new EventQueue<ChatEvent>();
+    let completionTokens = 0;
+    const parser = new QwenOutputParser(/<think>\s*$/.test(prompt));
+    let calls = 0;
+    const forward = (pieces: ReturnType<QwenOutputParser["push"]>) => {
+      for (const p of pieces) {
+        if (p.type === "tool_call") {
+          calls++;
+          queue.push({
+            type: "tool_call",
+            call: { id: `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`, name: p.name, arguments: p.arguments },
+          });
+        } else if (p.type === "invalid_tool_call") queue.push({ type: "content", text: p.raw });
+        else queue.push(p);
+      }
+    };
+    const s = job.sampling;
+    const penalize = s.presencePenalty || s.frequencyPenalty || (s.repeatPenalty && s.repeatPenalty !== 1);
+    const completion = new LlamaCompletion({ contextSequence: sequence });
+    const run = completion.generateCompletionWithMeta(tokens, {
+      maxTokens: job.maxTokens ?? limit - tokens.length,
+      temperature: s.temperature ?? 1,
+      topP: s.topP,
+      topK: s.topK,
+      minP: s.minP,
+      seed: s.seed,
+      repeatPenalty: penalize
+        ? {
+          penalty: s.repeatPenalty ?? 1,
+          presencePenalty: s.presencePenalty ?? 0,
+          frequencyPenalty: s.frequencyPenalty ?? 0,
+          lastTokens: 64,
+        }
+        : false,
+      grammar,
+      customStopTriggers: job.stop.length > 0 ? job.stop : undefined,
+      signal: stop.signal,
+      onToken: (t) => void (completionTokens += t.length),
+      onTextChunk: (text) => forward(parser.push(text)),
+    }).then((res) => {
+      forward(parser.end());
+      const finishReason = res.metadata.stopReason === "maxTokens" ? "length" : calls > 0 ? "tool_calls" : "stop";
+      queue.push({ type: "end", finishReason, completionTokens });
+      queue.close();
+    }, (e) => queue.fail(e));
+    try {
+      yield { type: "prompt", promptTokens: tokens.length };
+      yield* queue;
+    } finally {
+      if (!stop.signal.aborted) stop.abort(new DOMException("generation stopped", "AbortError"));
+      await run.catch(() => {});
+      signal.removeEventListener("abort", onAbort);
+      completion.dispose({ disposeSequence: false });
+      this.#release(sequence);
+    }
+  }
+
+  async #grammarFor(job: ChatJob): Promise<LlamaGrammar | undefined> {
+    const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
+    if (forced) {
+      const tools = typeof job.toolChoice === "object"
+        ? job.tools.filter((t) => t.name === (job.toolChoice as { name: string }).name)
+        : job.tools;
+      const callSchema = {
+        oneOf: tools.map((t, i) => ({
+          type: "object",
+          properties: {
+            name: { const: t.name },
+            arguments: toGrammarSchema(t.parameters ?? { type: "object" }, `tools[${job.tools.indexOf(tools[i])}].function.parameters`),
+          },
+          required: ["name", "arguments"],
+          additionalProperties: false,
+        })),
+      };
+      const json = await this.#jsonGrammarText(callSchema);
+      const call = `"<tool_call>\\n" call-json "\\n</tool_call>"`;
+      const more = job.parallelToolCalls ? ` ("\\n" ${call}){0,${MAX_PARALLEL_CALLS - 1}}` : "";
+      return await this.#llama.createGrammar({
+        grammar: `root ::= ${this.#thinkPrefix(job)}${call}${more}\n${json.replace(/^root ::=/m, "call-json ::=")}`,
+      });
+    }
+    if (job.output.type === "text") return undefined;
+    const schema = job.output.type === "json_schema"
+      ? toGrammarSchema(job.output.schema, "response_format.json_schema.schema")
+      : { type: "object", additionalProperties: true };
+    const json = await this.#jsonGrammarText(schema);
+    if (!job.enableThinking) {
+      return await this.#llama.createGrammar({ grammar: json });
+    }
+    return await this.#llama.createGrammar({
+      grammar: `root ::= ${this.#thinkPrefix(job)}payload\n${json.replace(/^root ::=/m, "payload ::=")}`,
+    });
+  }
+
+  /** With thinking on, a constrained answer may start with a reasoning block. */
+  #thinkPrefix(job: ChatJob): string {
+    return job.enableThinking ? `("<think>" [^<]* "</think>" "\\n"*)? ` : "";
+  }
+
+  async #jsonGrammarText(schema: unknown): Promise<string> {
+    try {
+      // deno-lint-ignore no-explicit-any
+      const g = await this.#llama.createGrammarForJsonSchema(schema as any);
+      // node-llama-cpp ends JSON with forced newlines plus a stop trigger; ending the grammar at
+      // the closing brace instead lets only end-of-generation follow the JSON.
+      return g.grammar.replace(/^(root ::= .*?)\s*"(?:\\n)+"\s*\[\\n\]\*\s*$/m, "$1");
+    } catch (e) {
+      throw new EngineInputError(
+        `The JSON schema cannot be turned into a grammar: ${(e as Error).message}`,
+        "response_format",
+        "unsupported_schema",
+      );
+    }
+  }
+
+  #acquire(signal: AbortSignal): Promise<LlamaContextSequence> {
+    const idle = this.#idle.pop();
+    if (idle) return Promise.resolve(idle);
+    return new Promise((resolve, reject) => {
+      const waiter = (s: LlamaContextSequence) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(s);
+      };
+      const onAbort = () => {
+        const i = this.#waiting.indexOf(waiter);
+        if (i >= 0) this.#waiting.splice(i, 1);
+        reject(signal.reason);
+      };
+      signal.addEventListener("abort", onAbort, { once: true });
+      this.#waiting.push(waiter);
+    });
+  }
+
+  #release(sequence: LlamaContextSequence) {
+    const next = this.#waiting.shift();
+    if (next) next(sequence);
+    else this.#idle.push(sequence);
+  }
+
+  /** Sequences not in use (for health and tests). */
+  get idleSequences(): number {
+    return this.#idle.length;
+  }
+
+  async dispose(): Promise<void> {
+    await this.#context.dispose();
+    await this.#model.dispose();
+  }
+}
+
+/** The history in the shape chat templates expect (OpenAI-like, content always a string). */
+function toTemplateMessages(messages: EngineMessage[]) {
+  return messages.map((m) => {
+    switch (m.role) {
+      case "assistant":
+        return {
+          role: "assistant",
+          content: m.text,
+          ...(m.reasoning ? { reasoning_content: m.reasoning } : {}),
+          ...(m.toolCalls.length > 0
+            ? {
+              tool_calls: m.toolCalls.map((c) => ({
+                id: c.id,
+                type: "function",
+                function: { name: c.name, arguments: c.arguments },
+              })),
+            }
+            : {}),
+        };
+      case "tool":
+        return { role: "tool", content: m.text, tool_call_id: m.toolCallId, ...(m.toolName ? { name: m.toolName } : {}) };
+      default:
+        return { role: m.role, content: m.text };
+    }
+  });
+}
+
+/** A push-to-pull bridge from callbacks to an async iterator. */
+class EventQueue<T> implements AsyncIterable<T> {
+  #items: T[] = [];
+  #closed = false;
+  #error: unknown;
+  #failed = false;
+  #wake: (() => void) | undefined;
+
+  push(item: T) {
+    this.#items.push(item);
+    this.#wake?.();
+  }
+  close() {
+    this.#closed = true;
+    this.#wake?.();
+  }
+  fail(e: unknown) {
+    this.#failed = true;
+    this.#error = e;
+    this.#wake?.();
+  }
+  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
+    while (true) {
+      if (this.#items.length > 0) {
+        yield this.#items.shift()!;
+        continue;
+      }
+      if (this.#failed) throw this.#error;
+      if (this.#closed) return;
+      await new Promise<void>((r) => (this.#wake = r));
+      this.#wake = undefined;
+    }
+  }
+}
+

@@ -1,0 +1,42 @@
+/** One shared node-llama-cpp runtime per GPU setting (loading the native backend is costly). */
+import { getLlama, type Llama, LlamaLogLevel } from "node-llama-cpp";
+import type { Logger } from "../../log.ts";
+
+/** GPU choice as configured. */
+export type GpuSetting = "auto" | "cuda" | "vulkan" | "cpu";
+
+const runtimes = new Map<GpuSetting, Promise<Llama>>();
+
+/**
+ * The runtime for `gpu`; prebuilt binaries only (`build: "never"`), never a compile at run time.
+ *
+ * @example
+ * ```ts
+ * const llama = await llamaRuntime("cpu", log);
+ * ```
+ */
+export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
+  let runtime = runtimes.get(gpu);
+  if (!runtime) {
+    runtime = getLlama({
+      build: "never",
+      gpu: gpu === "cpu" ? false : gpu,
+      logLevel: LlamaLogLevel.warn,
+      logger: (level, message) => {
+        const text = message.trim();
+        // The Qwen vocabulary trips this llama.cpp warning for every real Qwen GGUF too.
+        if (!text || text.includes("control-looking token")) return;
+        if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) log.error(`llama.cpp: ${text}`);
+        else if (level === LlamaLogLevel.warn) log.warn(`llama.cpp: ${text}`);
+        else log.debug(`llama.cpp: ${text}`);
+      },
+    });
+    runtimes.set(gpu, runtime);
+  }
+  return runtime;
+}
+
+/** Threads for one engine: the configured count, never more than the cores. */
+export function engineThreads(configured: number): number {
+  return Math.max(1, Math.min(configured, navigator.hardwareConcurrency || 1));
+}
