@@ -32,7 +32,9 @@ export async function loadEngine(
   const parallel = config.parallel ?? spec.parallel;
   if (spec.backend === "onnx") {
     if (spec.kind !== "embedding") throw new Error("the onnx backend serves embedding models only");
-    const tokenizer = !spec.tokenizer || spec.tokenizer === "builtin:qwen3" ? qwen3TokenizerJsonPath() : spec.tokenizer;
+    const tokenizer = !spec.tokenizer || spec.tokenizer === "builtin:qwen3"
+      ? qwen3TokenizerJsonPath()
+      : spec.tokenizer;
     const { engine, provider } = await OnnxEmbeddingEngine.load({
       modelPath: path,
       tokenizerPath: tokenizer,
@@ -59,7 +61,14 @@ export async function loadEngine(
     return engine;
   }
   const contextSize = config.ctxSize ?? spec.contextSize ?? 32768;
-  const engine = await LlamaChatEngine.load(llama, { modelPath: path, gpuLayers, threads, parallel, contextSize, log });
+  const engine = await LlamaChatEngine.load(llama, {
+    modelPath: path,
+    gpuLayers,
+    threads,
+    parallel,
+    contextSize,
+    log,
+  });
   report({ context_size: engine.contextSize });
   return engine;
 }

@@ -61,7 +61,11 @@ export async function fetchFromHub(
     if (have > 0 && res.status !== 206) have = 0; // the hub ignored the range: start over
     const total = have + Number(res.headers.get("content-length") ?? NaN);
     const file = await Deno.open(part, { write: true, create: true, append: have > 0, truncate: have === 0 });
-    opts.log.info("downloading model", { source, resume_from: have, bytes: Number.isFinite(total) ? total : undefined });
+    opts.log.info("downloading model", {
+      source,
+      resume_from: have,
+      bytes: Number.isFinite(total) ? total : undefined,
+    });
     let got = have;
     let lastReport = 0;
     try {
@@ -71,7 +75,9 @@ export async function fetchFromHub(
         got += chunk.length;
         const pct = Number.isFinite(total) ? Math.floor((got / total) * 100) : 0;
         if (opts.progress) {
-          Deno.stderr.writeSync(new TextEncoder().encode(`\r${source}: ${pct}% (${(got / 1e6).toFixed(1)} MB)`));
+          Deno.stderr.writeSync(
+            new TextEncoder().encode(`\r${source}: ${pct}% (${(got / 1e6).toFixed(1)} MB)`),
+          );
         } else if (pct >= lastReport + 10) {
           lastReport = pct - (pct % 10);
           opts.log.info("download progress", { source, percent: lastReport });
@@ -96,7 +102,9 @@ export async function fetchFromHub(
 async function verify(path: string, sha256?: string, size?: number): Promise<void> {
   const stat = await Deno.stat(path);
   if (size !== undefined && stat.size !== size) {
-    throw new Error(`'${path}' has ${stat.size} bytes, expected ${size}: the download is corrupt or incomplete`);
+    throw new Error(
+      `'${path}' has ${stat.size} bytes, expected ${size}: the download is corrupt or incomplete`,
+    );
   }
   if (sha256) {
     const hash = createHash("sha256");
@@ -105,7 +113,9 @@ async function verify(path: string, sha256?: string, size?: number): Promise<voi
       for await (const chunk of file.readable) hash.update(chunk);
     } catch { /* readable closes the file */ }
     const got = hash.digest("hex");
-    if (got !== sha256) throw new Error(`'${path}' has SHA-256 ${got}, expected ${sha256}: the download is corrupt`);
+    if (got !== sha256) {
+      throw new Error(`'${path}' has SHA-256 ${got}, expected ${sha256}: the download is corrupt`);
+    }
   }
 }
 

@@ -47,7 +47,11 @@ function node(
     input,
     output,
     name: `${opType}_${output[0]}`,
-    attribute: Object.entries(attrs).map(([name, i]) => ({ name, i, type: onnx.AttributeProto.AttributeType.INT })),
+    attribute: Object.entries(attrs).map(([name, i]) => ({
+      name,
+      i,
+      type: onnx.AttributeProto.AttributeType.INT,
+    })),
   };
 }
 

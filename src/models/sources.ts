@@ -42,7 +42,9 @@ async function ensurePreset(name: string, opts: SourceOptions): Promise<string> 
   const onnx = ONNX_PRESETS[name];
   if (!PRESETS[name] && !onnx) {
     throw new Error(
-      `unknown builtin preset '${name}' (known: ${[...Object.keys(PRESETS), ...Object.keys(ONNX_PRESETS)].join(", ")})`,
+      `unknown builtin preset '${name}' (known: ${
+        [...Object.keys(PRESETS), ...Object.keys(ONNX_PRESETS)].join(", ")
+      })`,
     );
   }
   const dir = `${opts.cacheDir}/builtin`;
@@ -60,6 +62,9 @@ async function ensurePreset(name: string, opts: SourceOptions): Promise<string> 
     await Deno.remove(tmp).catch(() => {});
     throw e;
   }
-  opts.log.info("generated builtin model", { preset: name, seconds: Number(((performance.now() - started) / 1000).toFixed(1)) });
+  opts.log.info("generated builtin model", {
+    preset: name,
+    seconds: Number(((performance.now() - started) / 1000).toFixed(1)),
+  });
   return path;
 }

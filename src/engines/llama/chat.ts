@@ -6,9 +6,9 @@
  */
 import {
   type Llama,
+  LlamaCompletion,
   type LlamaContext,
   type LlamaContextSequence,
-  LlamaCompletion,
   type LlamaGrammar,
   type LlamaModel,
   type Token,
@@ -122,7 +122,11 @@ export class LlamaChatEngine implements ChatEngine {
           calls++;
           queue.push({
             type: "tool_call",
-            call: { id: `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`, name: p.name, arguments: p.arguments },
+            call: {
+              id: `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`,
+              name: p.name,
+              arguments: p.arguments,
+            },
           });
         } else if (p.type === "invalid_tool_call") queue.push({ type: "content", text: p.raw });
         else queue.push(p);
@@ -153,7 +157,11 @@ export class LlamaChatEngine implements ChatEngine {
       onTextChunk: (text) => forward(parser.push(text)),
     }).then((res) => {
       forward(parser.end());
-      const finishReason = res.metadata.stopReason === "maxTokens" ? "length" : calls > 0 ? "tool_calls" : "stop";
+      const finishReason = res.metadata.stopReason === "maxTokens"
+        ? "length"
+        : calls > 0
+        ? "tool_calls"
+        : "stop";
       queue.push({ type: "end", finishReason, completionTokens });
       queue.close();
     }, (e) => queue.fail(e));
@@ -180,7 +188,10 @@ export class LlamaChatEngine implements ChatEngine {
           type: "object",
           properties: {
             name: { const: t.name },
-            arguments: toGrammarSchema(t.parameters ?? { type: "object" }, `tools[${job.tools.indexOf(tools[i])}].function.parameters`),
+            arguments: toGrammarSchema(
+              t.parameters ?? { type: "object" },
+              `tools[${job.tools.indexOf(tools[i])}].function.parameters`,
+            ),
           },
           required: ["name", "arguments"],
           additionalProperties: false,
@@ -190,7 +201,9 @@ export class LlamaChatEngine implements ChatEngine {
       const call = `"<tool_call>\\n" call-json "\\n</tool_call>"`;
       const more = job.parallelToolCalls ? ` ("\\n" ${call}){0,${MAX_PARALLEL_CALLS - 1}}` : "";
       return await this.#llama.createGrammar({
-        grammar: `root ::= ${this.#thinkPrefix(job)}${call}${more}\n${json.replace(/^root ::=/m, "call-json ::=")}`,
+        grammar: `root ::= ${this.#thinkPrefix(job)}${call}${more}\n${
+          json.replace(/^root ::=/m, "call-json ::=")
+        }`,
       });
     }
     if (job.output.type === "text") return undefined;
@@ -217,7 +230,7 @@ export class LlamaChatEngine implements ChatEngine {
       const g = await this.#llama.createGrammarForJsonSchema(schema as any);
       // node-llama-cpp ends JSON with forced newlines plus a stop trigger; ending the grammar at
       // the closing brace instead lets only end-of-generation follow the JSON.
-      return g.grammar.replace(/^(root ::= .*?)\s*"(?:\\n)+"\s*\[\\n\]\*\s*$/m, "$1");
+      return tightenJsonGrammar(g.grammar);
     } catch (e) {
       throw new EngineInputError(
         `The JSON schema cannot be turned into a grammar: ${(e as Error).message}`,
@@ -262,6 +275,26 @@ export class LlamaChatEngine implements ChatEngine {
   }
 }
 
+/**
+ * Adjusts node-llama-cpp's JSON grammar: it ends JSON with forced newlines plus a stop trigger,
+ * so the root ends at the closing brace instead (only end-of-generation may follow); and its
+ * numbers allow 16-digit exponents (`1e999999` parses to Infinity, `1e-5` is no integer), so
+ * integers get none and other numbers at most two exponent digits.
+ */
+export function tightenJsonGrammar(grammar: string): string {
+  const exponent = '([eE] [-+]? ("0" | [1-9] [0-9]{0,15}))?';
+  return grammar
+    .replace(/^(root ::= .*?)\s*"(?:\\n)+"\s*\[\\n\]\*\s*$/m, "$1")
+    .replace(
+      /^(integer-number-rule ::= .*?) ?(\(\[eE\] .*\)\?)$/m,
+      (_m, head: string, exp: string) => exp === exponent ? head : _m,
+    )
+    .replace(
+      /^(fractional-number-rule ::= .*?)(\(\[eE\] .*\)\?)$/m,
+      (_m, head: string, exp: string) => exp === exponent ? `${head}([eE] [-+]? [0-9]{1,2})?` : _m,
+    );
+}
+
 /** The history in the shape chat templates expect (OpenAI-like, content always a string). */
 function toTemplateMessages(messages: EngineMessage[]) {
   return messages.map((m) => {
@@ -282,7 +315,12 @@ function toTemplateMessages(messages: EngineMessage[]) {
             : {}),
         };
       case "tool":
-        return { role: "tool", content: m.text, tool_call_id: m.toolCallId, ...(m.toolName ? { name: m.toolName } : {}) };
+        return {
+          role: "tool",
+          content: m.text,
+          tool_call_id: m.toolCallId,
+          ...(m.toolName ? { name: m.toolName } : {}),
+        };
       default:
         return { role: m.role, content: m.text };
     }
@@ -323,4 +361,3 @@ class EventQueue<T> implements AsyncIterable<T> {
     }
   }
 }
-

@@ -51,7 +51,9 @@ const FORMATS = new Set(["date-time", "time", "date"]);
  * ```
  */
 export function toGrammarSchema(schema: unknown, param: string, path = "#"): Record<string, unknown> {
-  if (schema === true || (typeof schema === "object" && schema !== null && Object.keys(schema).length === 0)) {
+  if (
+    schema === true || (typeof schema === "object" && schema !== null && Object.keys(schema).length === 0)
+  ) {
     return {};
   }
   if (typeof schema !== "object" || schema === null || Array.isArray(schema)) {
@@ -77,13 +79,17 @@ export function toGrammarSchema(schema: unknown, param: string, path = "#"): Rec
       case "$defs":
       case "definitions":
         out[key === "definitions" ? "$defs" : key] = Object.fromEntries(
-          Object.entries(value as Record<string, unknown>).map(([k, v]) => [k, toGrammarSchema(v, param, `${at}/${k}`)]),
+          Object.entries(value as Record<string, unknown>).map((
+            [k, v],
+          ) => [k, toGrammarSchema(v, param, `${at}/${k}`)]),
         );
         break;
       case "oneOf":
       case "anyOf":
       case "prefixItems":
-        if (!Array.isArray(value)) throw new EngineInputError(`${at} must be an array.`, param, "invalid_schema");
+        if (!Array.isArray(value)) {
+          throw new EngineInputError(`${at} must be an array.`, param, "invalid_schema");
+        }
         out[key === "anyOf" ? "oneOf" : key] = value.map((v, i) => toGrammarSchema(v, param, `${at}/${i}`));
         break;
       case "items":

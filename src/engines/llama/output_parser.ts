@@ -109,9 +109,27 @@ function parseCall(raw: string): ParsedPiece {
   try {
     const v = JSON.parse(raw.trim());
     if (typeof v?.name === "string" && v.arguments !== undefined) {
-      const args = typeof v.arguments === "string" ? v.arguments : JSON.stringify(v.arguments);
-      return { type: "tool_call", name: v.name, arguments: args };
+      if (typeof v.arguments === "string") return { type: "tool_call", name: v.name, arguments: v.arguments };
+      return { type: "tool_call", name: v.name, arguments: rawArguments(raw) ?? JSON.stringify(v.arguments) };
     }
   } catch { /* falls through */ }
   return { type: "invalid_tool_call", raw: `<tool_call>${raw}</tool_call>` };
+}
+
+/** The model's own text of `"arguments"` when it is the last key (Qwen's format), else undefined. */
+function rawArguments(raw: string): string | undefined {
+  const m = raw.match(/"arguments"\s*:\s*([\s\S]*)\}\s*$/);
+  if (!m) return undefined;
+  const text = m[1].trim();
+  try {
+    JSON.parse(text);
+    return compactJson(text);
+  } catch {
+    return undefined;
+  }
+}
+
+/** Removes insignificant whitespace from valid JSON text without reinterpreting its numbers. */
+function compactJson(text: string): string {
+  return text.replace(/"(?:[^"\\]|\\.)*"|\s+/g, (m) => (m.startsWith('"') ? m : ""));
 }

@@ -9,7 +9,10 @@ import type { Logger } from "../../log.ts";
 export function cudaProviderInstalled(): boolean {
   try {
     const binding = createRequire(import.meta.url).resolve("onnxruntime-node");
-    const dir = binding.replace(/dist\/.*$/, `bin/napi-v6/${Deno.build.os}/${Deno.build.arch === "x86_64" ? "x64" : "arm64"}`);
+    const dir = binding.replace(
+      /dist\/.*$/,
+      `bin/napi-v6/${Deno.build.os}/${Deno.build.arch === "x86_64" ? "x64" : "arm64"}`,
+    );
     return Deno.statSync(`${dir}/libonnxruntime_providers_cuda.so`).isFile;
   } catch {
     return false;
@@ -74,12 +77,19 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     const configPath = opts.tokenizerPath.replace(/tokenizer\.json$/, "tokenizer_config.json");
     const tokenizerConfig = await Deno.readTextFile(configPath).then(JSON.parse).catch(() => ({}));
     const tokenizer = new Tokenizer(tokenizerJson, tokenizerConfig);
-    const base = { intraOpNumThreads: opts.threads, interOpNumThreads: 1, graphOptimizationLevel: "all" as const };
+    const base = {
+      intraOpNumThreads: opts.threads,
+      interOpNumThreads: 1,
+      graphOptimizationLevel: "all" as const,
+    };
     let session: ort.InferenceSession | undefined;
     let provider = "cpu";
     if (opts.gpu === "cuda" || (opts.gpu === "auto" && cudaProviderInstalled())) {
       try {
-        session = await ort.InferenceSession.create(opts.modelPath, { ...base, executionProviders: ["cuda", "cpu"] });
+        session = await ort.InferenceSession.create(opts.modelPath, {
+          ...base,
+          executionProviders: ["cuda", "cpu"],
+        });
         provider = "cuda";
       } catch (e) {
         opts.log.warn("onnxruntime CUDA execution provider unavailable; falling back to CPU", {
@@ -90,9 +100,11 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     session ??= await ort.InferenceSession.create(opts.modelPath, { ...base, executionProviders: ["cpu"] });
     const vocab: Record<string, number> = tokenizerJson.model?.vocab ?? {};
     const added: { id: number; content: string }[] = tokenizerJson.added_tokens ?? [];
-    const vocabSize = [...Object.values(vocab), ...added.map((a) => a.id)].reduce((m, id) => Math.max(m, id), -1) + 1;
+    const vocabSize =
+      [...Object.values(vocab), ...added.map((a) => a.id)].reduce((m, id) => Math.max(m, id), -1) + 1;
     const padName = tokenizerConfig.pad_token ?? "<|endoftext|>";
-    const pad = added.find((a) => a.content === (typeof padName === "string" ? padName : padName.content))?.id ?? 0;
+    const pad =
+      added.find((a) => a.content === (typeof padName === "string" ? padName : padName.content))?.id ?? 0;
     const engine = new OnnxEmbeddingEngine(session, tokenizer, opts, 0, vocabSize, pad);
     const probe = await engine.#run([[pad]]);
     (engine as { nativeDims: number }).nativeDims = probe[0].length;
