@@ -3,20 +3,77 @@ import type { Config } from "./config.ts";
 import { type ModelSpec, parseRegistry } from "./registry.ts";
 import defaultRegistry from "../models/models.json" with { type: "json" };
 
+/** The spec's model ids: what clients name, whatever file serves them. */
+export const SPEC_CHAT_ID = "Vendor/Vendor3.6-35B-A3B";
+export const SPEC_EMBEDDING_ID = "Vendor/Vendor3-Embedding-8B";
+
 /**
  * The model specs for `config`. Explicit sources (config `models`, `--models`, `--chat-model`,
- * `--embedding-model`) replace the built-in default; they are never silently ignored.
+ * `--embedding-model`) replace the built-in default; they are never silently ignored, and a
+ * model file they name must exist before the server starts.
+ *
+ * @example
+ * ```ts
+ * const specs = await resolveModelSpecs(config); // throws naming a missing file
+ * ```
  */
 export async function resolveModelSpecs(config: Config): Promise<ModelSpec[]> {
-  if (config.models) return parseRegistry({ models: config.models }, "config file 'models'");
-  if (config.modelsFile) {
+  let specs: ModelSpec[];
+  const explicit = config.models || config.modelsFile || config.chatModel || config.embeddingModel;
+  if (config.models) specs = parseRegistry({ models: config.models }, "config file 'models'");
+  else if (config.modelsFile) {
     let text: string;
     try {
       text = await Deno.readTextFile(config.modelsFile);
     } catch (e) {
       throw new Error(`registry file '${config.modelsFile}' cannot be read: ${(e as Error).message}`);
     }
-    return parseRegistry(JSON.parse(text), config.modelsFile);
+    let json: unknown;
+    try {
+      json = JSON.parse(text);
+    } catch (e) {
+      throw new Error(`registry file '${config.modelsFile}' is not valid JSON: ${(e as Error).message}`);
+    }
+    specs = parseRegistry(json, config.modelsFile);
+  } else if (config.chatModel || config.embeddingModel) {
+    specs = parseRegistry({ models: fromPathFlags(config) }, "--chat-model / --embedding-model");
+  } else {
+    specs = parseRegistry(defaultRegistry, "models/models.json (built-in default)");
   }
-  return parseRegistry(defaultRegistry, "models/models.json (built-in default)");
+  if (explicit) { for (const spec of specs) await checkLocalFile(spec); }
+  return specs;
+}
+
+function fromPathFlags(config: Config): unknown[] {
+  const out: unknown[] = [];
+  const alias = (path: string) => path.split("/").pop()!.replace(/\.(gguf|onnx)$/i, "");
+  if (config.chatModel) {
+    out.push({
+      id: SPEC_CHAT_ID,
+      aliases: [alias(config.chatModel)],
+      kind: "chat",
+      source: config.chatModel,
+    });
+  }
+  if (config.embeddingModel) {
+    const onnx = /\.onnx$/i.test(config.embeddingModel);
+    out.push({
+      id: SPEC_EMBEDDING_ID,
+      aliases: [alias(config.embeddingModel)],
+      kind: "embedding",
+      backend: onnx ? "onnx" : "llama",
+      source: config.embeddingModel,
+      pooling: onnx ? "mean" : "last",
+    });
+  }
+  return out;
+}
+
+async function checkLocalFile(spec: ModelSpec): Promise<void> {
+  if (/^(builtin|hf):/.test(spec.source)) return;
+  const path = spec.source.startsWith("file:") ? new URL(spec.source).pathname : spec.source;
+  const stat = await Deno.stat(path).catch((e: Error) => {
+    throw new Error(`model '${spec.id}': model file '${path}' cannot be read: ${e.message}`);
+  });
+  if (!stat.isFile) throw new Error(`model '${spec.id}': model file '${path}' is not a regular file`);
 }

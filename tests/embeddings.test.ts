@@ -18,7 +18,6 @@ const tokenizer = new Tokenizer(
   JSON.parse(await Deno.readTextFile(tokenizerPath)),
   JSON.parse(await Deno.readTextFile(tokenizerPath.replace("tokenizer.json", "tokenizer_config.json"))),
 );
-const ENDOFTEXT = 151643;
 
 /** The two backends, with how many tokens each adds to the text's own tokens. */
 const BACKENDS = [
@@ -206,4 +205,25 @@ serverTest("the official openai SDK's embeddings.create works unchanged (base64 
 serverTest("the server keeps serving after every error above", async () => {
   const res = await embed({ model, input: "still here" });
   assert.equal(res.data.length, 1);
+});
+
+serverTest("GET /v1/models lists the spec ids and aliases with their load state", async () => {
+  const res = await fetch(`${server.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } });
+  const list = await res.json();
+  const ids = list.data.map((m: Json) => m.id);
+  for (const id of ["Vendor/Vendor3.6-35B-A3B", "Vendor/Vendor3-Embedding-8B", "tiny-chat", "tiny-embed"]) {
+    assert.ok(ids.includes(id), id);
+  }
+  for (const m of list.data) {
+    assert.equal(m.object, "model");
+    assert.equal(m.status, "loaded");
+    assert.equal(typeof m.created, "number");
+    assert.equal(typeof m.owned_by, "string");
+  }
+  const one = await fetch(`${server.url}/v1/models/Vendor/Vendor3-Embedding-8B`, {
+    headers: { authorization: `Bearer ${KEY}` },
+  });
+  assert.equal((await one.json()).id, "Vendor/Vendor3-Embedding-8B");
+  const health = await (await fetch(`${server.url}/health`)).json();
+  assert.deepEqual(health.models.map((m: Json) => m.status), ["loaded", "loaded", "loaded"]);
 });

@@ -11,7 +11,6 @@ import {
   type LlamaContextSequence,
   type LlamaGrammar,
   type LlamaModel,
-  type Token,
 } from "node-llama-cpp";
 import { Template } from "@huggingface/jinja";
 import type { ChatEngine, ChatEvent, ChatJob, EngineMessage } from "../types.ts";
