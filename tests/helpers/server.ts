@@ -9,6 +9,7 @@ const ROOT = new URL("../../", import.meta.url);
 /** A running server process. */
 export interface TestServer {
   url: string;
+  pid: number;
   /** Every log line the process has written so far (stderr and stdout). */
   logs: string[];
   /** Sends SIGTERM and waits for exit; returns the exit code. */
@@ -76,6 +77,7 @@ export async function startServer(
   ]).finally(() => clearTimeout(timer));
   const server: TestServer = {
     url,
+    pid: child.pid,
     logs,
     exited,
     async stop(signal: Deno.Signal = "SIGTERM") {
