@@ -1,12 +1,14 @@
 /**
  * CLI entry: read the settings, build the registry, start the server, load models in the
- * background, shut down gracefully on SIGTERM / SIGINT.
+ * background; SIGHUP reloads keys and TLS files; SIGTERM / SIGINT shut down gracefully.
  */
-import { ConfigError, helpText, isLoopback, loadConfig } from "./src/config.ts";
+import { ConfigError, helpText, isLoopback, loadApiKeys, loadConfig } from "./src/config.ts";
 import { createLogger } from "./src/log.ts";
-import { KeyRing } from "./src/http/auth.ts";
+import { KeyRing, RateLimiter } from "./src/http/auth.ts";
+import { readTlsFiles, type TlsFiles } from "./src/http/tls.ts";
 import { Registry } from "./src/registry.ts";
-import { createServer } from "./src/server.ts";
+import { createServer, type Lifecycle } from "./src/server.ts";
+import { Gauge, Metrics } from "./src/metrics.ts";
 import { resolveModelSpecs } from "./src/model_specs.ts";
 import { loadEngine } from "./src/engines/load.ts";
 
@@ -27,66 +29,182 @@ async function main(): Promise<number> {
   }
   const config = loaded.config;
   const log = createLogger({ level: config.logLevel, format: config.logFormat });
+  const fail = (message: string, fields: Record<string, unknown> = {}) => {
+    log.error(message, fields);
+    return 2;
+  };
 
-  const keys = new KeyRing(config.apiKeys);
+  let keys: KeyRing;
+  try {
+    keys = new KeyRing(await loadApiKeys(config));
+  } catch (e) {
+    return fail(`invalid API keys: ${(e as Error).message}`);
+  }
+  const loopback = isLoopback(config.host);
   if (keys.isOpen) {
-    if (!isLoopback(config.host) && !config.noAuth) {
-      log.error(
+    if (!loopback && !config.noAuth) {
+      return fail(
         "refusing to start: no API key is configured and the address is not loopback; " +
           "set --api-key / VSERVE_API_KEY / --api-key-file, or pass --no-auth explicitly",
         { host: config.host },
       );
-      return 2;
     }
     log.warn("authentication is OFF: no API key is configured, every request is accepted", {
       host: config.host,
     });
+  }
+  let tls: TlsFiles | undefined;
+  if (config.tlsCert && config.tlsKey) {
+    try {
+      tls = await readTlsFiles(config.tlsCert, config.tlsKey);
+    } catch (e) {
+      return fail(`refusing to start: ${(e as Error).message}`);
+    }
+  } else if (!loopback) {
+    log.warn(
+      "serving plain HTTP on a non-loopback address: keys and data cross the network unencrypted; " +
+        "use --tls-cert / --tls-key or a TLS-terminating proxy",
+      { host: config.host },
+    );
   }
 
   let specs;
   try {
     specs = await resolveModelSpecs(config);
   } catch (e) {
-    log.error(`invalid model configuration: ${(e as Error).message}`);
-    return 2;
+    return fail(`invalid model configuration: ${(e as Error).message}`);
   }
-  const registry = new Registry(specs);
-  for (const spec of specs) {
-    if (spec.warning) log.warn(`${spec.id}: ${spec.warning}`);
-  }
+  const registry = new Registry(specs, { parallel: config.parallel });
+  for (const spec of specs) if (spec.warning) log.warn(`${spec.id}: ${spec.warning}`);
 
+  const shutdown = new AbortController();
+  const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal };
   const handler = createServer({
     registry,
     keys,
+    limiter: new RateLimiter(),
+    opsNeedKey: config.opsAuth === "on" || (config.opsAuth === "auto" && !loopback),
     log,
+    metrics: createMetrics(registry),
+    lifecycle,
     bodyLimitBytes: config.bodyLimitBytes,
     maxEmbeddingInputs: config.maxEmbeddingInputs,
+    maxQueue: config.maxQueue,
+    requestTimeoutMs: config.requestTimeoutMs,
     corsOrigins: config.corsOrigins,
   });
-  const server = Deno.serve({
-    hostname: config.host,
-    port: config.port,
-    onListen: ({ hostname, port }) => log.info("listening", { url: `http://${hostname}:${port}`, port }),
-  }, handler);
+
+  const listen = (port: number, files: TlsFiles | undefined, quiet = false) =>
+    Deno.serve({
+      hostname: config.host,
+      port,
+      reusePort: files !== undefined,
+      ...(files ? { cert: files.cert, key: files.key } : {}),
+      onListen: ({ hostname, port }) => {
+        if (quiet) return;
+        log.info("listening", {
+          url: `${files ? "https" : "http"}://${hostname}:${port}`,
+          port,
+          tls: !!files,
+        });
+      },
+    }, handler);
+  let server: Deno.HttpServer<Deno.NetAddr>;
+  try {
+    server = listen(config.port, tls);
+  } catch (e) {
+    return fail(`cannot listen on ${config.host}:${config.port}: ${(e as Error).message}`);
+  }
+  const port = server.addr.port;
 
   const loading = registry.loadAll((spec, report) => loadEngine(spec, config, log, report), log);
 
+  Deno.addSignalListener("SIGHUP", () => void reload());
+  async function reload() {
+    if (config.apiKeyFile) {
+      try {
+        keys.replace(await loadApiKeys(config));
+        log.info("reloaded API keys", { file: config.apiKeyFile });
+      } catch (e) {
+        log.error("API key reload failed; keeping the previous keys", { reason: (e as Error).message });
+      }
+    }
+    if (config.tlsCert && config.tlsKey) {
+      try {
+        const files = await readTlsFiles(config.tlsCert, config.tlsKey);
+        // A second listener on the same port takes new connections; the old one finishes its own.
+        const next = listen(port, files, true);
+        const old = server;
+        server = next;
+        await old.shutdown();
+        log.info("reloaded TLS certificate", { cert: config.tlsCert });
+      } catch (e) {
+        log.error("TLS reload failed; keeping the previous certificate", { reason: (e as Error).message });
+      }
+    }
+  }
+
+  let stoppingSince = 0;
   const stop = async (signal: string) => {
-    log.info("shutting down", { signal, drain_ms: config.drainTimeoutMs });
+    if (stoppingSince) {
+      // `deno task` and terminals deliver one Ctrl-C twice (process group + forwarding):
+      // only a later, deliberate second signal forces the exit.
+      if (performance.now() - stoppingSince < 1000) return;
+      log.warn("second signal: exiting now", { signal });
+      Deno.exit(1);
+    }
+    stoppingSince = performance.now();
+    lifecycle.draining = true;
+    log.info("shutting down: draining in-flight requests", { signal, drain_ms: config.drainTimeoutMs });
+    const finished = server.shutdown();
     const drained = await Promise.race([
-      server.shutdown().then(() => true),
+      finished.then(() => true),
       new Promise<false>((r) => setTimeout(() => r(false), config.drainTimeoutMs)),
     ]);
-    if (!drained) log.warn("drain timeout reached; aborting remaining requests");
+    if (!drained) {
+      log.warn("drain time is over: aborting the remaining requests");
+      shutdown.abort(new DOMException("the server is shutting down", "ShutdownError"));
+      await Promise.race([finished, new Promise((r) => setTimeout(r, 2000))]);
+    }
     await loading.catch(() => {});
     await registry.dispose();
     log.info("stopped");
     Deno.exit(0);
   };
-  Deno.addSignalListener("SIGTERM", () => stop("SIGTERM"));
-  Deno.addSignalListener("SIGINT", () => stop("SIGINT"));
-  await server.finished;
+  Deno.addSignalListener("SIGTERM", () => void stop("SIGTERM"));
+  Deno.addSignalListener("SIGINT", () => void stop("SIGINT"));
+  await new Promise(() => {}); // runs until a signal ends the process
   return 0;
+}
+
+/** The metrics, with gauges read from the registry at scrape time. */
+function createMetrics(registry: Registry): Metrics {
+  const stateValue = { loading: 0, loaded: 1, failed: -1 } as const;
+  return new Metrics([
+    new Gauge(
+      "vserve_model_state",
+      "Model load state: 0 loading, 1 loaded, -1 failed.",
+      () => registry.slots.map((s) => [{ model: s.spec.id }, stateValue[s.state]]),
+    ),
+    new Gauge(
+      "vserve_model_load_seconds",
+      "How long the model took to load.",
+      () =>
+        registry.slots.filter((s) => s.loadSeconds !== undefined).map((
+          s,
+        ) => [{ model: s.spec.id }, s.loadSeconds!]),
+    ),
+    new Gauge(
+      "vserve_busy_slots",
+      "Requests running on the model's sequences or contexts.",
+      () => registry.slots.map((s) => [{ model: s.spec.id }, Math.min(s.inFlight, s.parallel)]),
+    ),
+    new Gauge(
+      "vserve_queue_depth",
+      "Requests waiting for a free sequence or context.",
+      () => registry.slots.map((s) => [{ model: s.spec.id }, Math.max(0, s.inFlight - s.parallel)]),
+    ),
+  ]);
 }
 
 if (import.meta.main) {

@@ -3,6 +3,7 @@
  * config file (`--config`, JSON) > defaults. `--help` is generated from the same table.
  */
 import { z } from "zod";
+import { type ApiKey, parseKeyFile, plainKey } from "./http/auth.ts";
 
 const cores = navigator.hardwareConcurrency || 1;
 
@@ -32,6 +33,10 @@ export const ConfigSchema = z.object({
   bodyLimitBytes: z.number().int().min(1024).default(8 * 1024 * 1024),
   maxEmbeddingInputs: z.number().int().min(1).default(2048),
   corsOrigins: z.array(z.string()).default([]),
+  tlsCert: z.string().optional(),
+  tlsKey: z.string().optional(),
+  /** Whether /metrics and /health/ready need a key: auto = open on loopback, key elsewhere. */
+  opsAuth: z.enum(["auto", "on", "off"]).default("auto"),
   logFormat: z.enum(["json", "pretty"]).default(Deno.stderr.isTerminal() ? "pretty" : "json"),
   logLevel: z.enum(["debug", "info", "warn", "error"]).default("info"),
 });
@@ -120,6 +125,14 @@ export const SETTINGS: readonly Setting[] = [
     flag: "cors-origin",
     kind: "list",
     help: "allowed CORS origin; repeatable (default: CORS off)",
+  },
+  { key: "tlsCert", flag: "tls-cert", kind: "string", help: "PEM certificate (chain): serve HTTPS only" },
+  { key: "tlsKey", flag: "tls-key", kind: "string", help: "PEM private key of --tls-cert" },
+  {
+    key: "opsAuth",
+    flag: "ops-auth",
+    kind: "string",
+    help: "key for /metrics and /health/ready: auto (open on loopback) | on | off",
   },
   { key: "logFormat", flag: "log-format", kind: "string", help: "json | pretty" },
   { key: "logLevel", flag: "log-level", kind: "string", help: "debug | info | warn | error" },
@@ -245,18 +258,34 @@ export async function loadConfig(
     throw new ConfigError(`invalid setting ${name}: ${issue.message}`);
   }
   const config = parsed.data;
-  if (config.apiKeyFile) config.apiKeys = [...config.apiKeys, ...await readKeyFile(config.apiKeyFile)];
+  if ((config.tlsCert === undefined) !== (config.tlsKey === undefined)) {
+    throw new ConfigError("--tls-cert and --tls-key go together: give both or neither");
+  }
   return { config, help: flags.help };
 }
 
-async function readKeyFile(path: string): Promise<string[]> {
+/**
+ * Every configured key: `--api-key` / `VSERVE_API_KEY` and the key file (read again on SIGHUP).
+ *
+ * @example
+ * ```ts
+ * const keys = await loadApiKeys(config);
+ * ```
+ */
+export async function loadApiKeys(config: Config): Promise<ApiKey[]> {
+  const keys = config.apiKeys.map(plainKey);
+  if (!config.apiKeyFile) return keys;
   let text: string;
   try {
-    text = await Deno.readTextFile(path);
+    text = await Deno.readTextFile(config.apiKeyFile);
   } catch (e) {
-    throw new ConfigError(`--api-key-file '${path}' cannot be read: ${(e as Error).message}`);
+    throw new ConfigError(`--api-key-file '${config.apiKeyFile}' cannot be read: ${(e as Error).message}`);
   }
-  return text.split(/\r?\n/).map((l) => l.trim()).filter((l) => l !== "" && !l.startsWith("#"));
+  try {
+    return [...keys, ...parseKeyFile(text, `--api-key-file '${config.apiKeyFile}'`)];
+  } catch (e) {
+    throw new ConfigError((e as Error).message);
+  }
 }
 
 /** True for addresses that only this machine can reach. */

@@ -87,6 +87,10 @@ export interface ModelSlot {
   /** Extra facts for /health (e.g. GPU in use). */
   details: Record<string, unknown>;
   created: number;
+  /** Requests admitted and not yet finished (running or waiting for a slot). */
+  inFlight: number;
+  /** Requests the engine runs at once; more wait in its queue. */
+  parallel: number;
 }
 
 /** Loads one spec into an engine. */
@@ -100,8 +104,19 @@ export class Registry {
   readonly #slots: ModelSlot[];
   readonly #byName = new Map<string, ModelSlot>();
 
-  constructor(specs: readonly ModelSpec[], created = Math.floor(Date.now() / 1000)) {
-    this.#slots = specs.map((spec) => ({ spec, state: "loading", details: {}, created }));
+  constructor(
+    specs: readonly ModelSpec[],
+    opts: { parallel?: number; created?: number } = {},
+  ) {
+    const created = opts.created ?? Math.floor(Date.now() / 1000);
+    this.#slots = specs.map((spec) => ({
+      spec,
+      state: "loading",
+      details: {},
+      created,
+      inFlight: 0,
+      parallel: opts.parallel ?? spec.parallel,
+    }));
     for (const slot of this.#slots) {
       for (const name of [slot.spec.id, ...slot.spec.aliases]) this.#byName.set(name, slot);
     }
@@ -180,6 +195,30 @@ export class Registry {
       );
     }
     return { slot, engine: slot.engine as K extends "chat" ? ChatEngine : EmbeddingEngine };
+  }
+
+  /**
+   * Admits one request to `slot` or refuses it with 429 when its slots and queue are full.
+   * Returns the release function (idempotent).
+   */
+  admit(slot: ModelSlot, maxQueue: number): () => void {
+    if (slot.inFlight >= slot.parallel + maxQueue) {
+      throw new ApiError(
+        429,
+        "rate_limit_error",
+        `The model '${slot.spec.id}' is busy: ${slot.parallel} requests are running and ${maxQueue} are ` +
+          "waiting. Retry shortly.",
+        null,
+        "queue_full",
+        { "retry-after": "1" },
+      );
+    }
+    slot.inFlight++;
+    let released = false;
+    return () => {
+      if (!released) slot.inFlight--;
+      released = true;
+    };
   }
 
   /** Frees every engine. */

@@ -1,12 +1,21 @@
 /**
- * The HTTP surface: route table and middleware (request id, CORS, auth, body limit, error
- * mapping, access log). Knows nothing about tokens; services do the OpenAI semantics.
+ * The HTTP surface: route table and middleware (request id, CORS, auth, body limit, admission,
+ * time limit, error mapping, access log, metrics). Knows nothing about tokens; services do the
+ * OpenAI semantics.
  */
-import { ApiError, errorResponse, fromZodError, jsonResponse } from "./http/errors.ts";
+import {
+  abortedError,
+  ApiError,
+  errorResponse,
+  fromZodError,
+  jsonResponse,
+  modelNotFound,
+} from "./http/errors.ts";
 import { readJsonBody } from "./http/body.ts";
-import type { KeyRing } from "./http/auth.ts";
+import type { ApiKey, KeyRing, RateLimiter } from "./http/auth.ts";
 import type { Logger } from "./log.ts";
-import type { Registry } from "./registry.ts";
+import type { ModelSlot, Registry } from "./registry.ts";
+import type { Metrics } from "./metrics.ts";
 import { EmbeddingsRequestSchema } from "./protocol/embeddings.ts";
 import { ChatRequestSchema } from "./protocol/chat.ts";
 import type { ModelList, ModelObject } from "./protocol/models.ts";
@@ -14,24 +23,45 @@ import { createEmbeddings } from "./services/embeddings.ts";
 import { createChatCompletion } from "./services/chat.ts";
 import type { z } from "zod";
 
+/** Shutdown state shared with `main.ts`. */
+export interface Lifecycle {
+  /** True once shutdown began: new requests get 503. */
+  draining: boolean;
+  /** Aborts every in-flight request when the drain time is over. */
+  shutdown: AbortSignal;
+}
+
 /** Everything the server needs, passed in. */
 export interface ServerDeps {
   registry: Registry;
   keys: KeyRing;
+  limiter: RateLimiter;
+  /** Whether /metrics and /health/ready need a key. */
+  opsNeedKey: boolean;
   log: Logger;
+  metrics: Metrics;
+  lifecycle: Lifecycle;
   bodyLimitBytes: number;
   maxEmbeddingInputs: number;
+  maxQueue: number;
+  requestTimeoutMs: number;
   corsOrigins: readonly string[];
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
 }
 
-/** Per-request facts the access log reports. */
+/** Per-request facts for the access log and metrics. */
 interface RequestContext {
   id: string;
+  route: string;
+  signal: AbortSignal;
+  key?: ApiKey;
   model?: string;
   promptTokens?: number;
   completionTokens?: number;
+  queueWaitMs?: number;
+  /** Runs when the response body has been sent or abandoned. */
+  onDone: (() => void)[];
 }
 
 type Handler = (req: Request, ctx: RequestContext, match: string) => Promise<Response> | Response;
@@ -40,7 +70,8 @@ interface Route {
   /** Exact path, or a prefix ending in `/` whose remainder is passed as `match`. */
   path: string;
   prefix?: boolean;
-  auth: boolean;
+  /** `v1`: a key always; `ops`: per --ops-auth; `open`: never. */
+  auth: "v1" | "ops" | "open";
   handler: Handler;
 }
 
@@ -60,6 +91,23 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     if (!r.success) throw fromZodError(r.error);
     return r.data;
   };
+  const admit = (slot: ModelSlot, ctx: RequestContext) => {
+    try {
+      ctx.onDone.push(deps.registry.admit(slot, deps.maxQueue));
+    } catch (e) {
+      deps.metrics.rejected.inc({ model: slot.spec.id });
+      throw e;
+    }
+  };
+
+  /** The slot of `name` if this key may use it; otherwise 404, as for an unknown model. */
+  const allowedSlot = (name: string, key: ApiKey | undefined): ModelSlot => {
+    const slot = deps.registry.find(name);
+    if (key?.models && ![slot.spec.id, ...slot.spec.aliases].some((n) => key.models!.has(n))) {
+      throw modelNotFound(name);
+    }
+    return slot;
+  };
 
   const modelObject = (name: string): ModelObject => {
     const slot = deps.registry.find(name);
@@ -74,21 +122,38 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     };
   };
 
+  const healthBody = () => ({
+    status: deps.lifecycle.draining ? "draining" : "ok",
+    ready: deps.registry.ready && !deps.lifecycle.draining,
+    models: deps.registry.slots.map((s) => ({
+      id: s.spec.id,
+      kind: s.spec.kind,
+      status: s.state,
+      // The reason without file system paths: this body needs no key.
+      ...(s.error ? { error: s.error.replace(/(?:\/[^\s'"/]+)+\/([^\s'"/]+)/g, "…/$1") } : {}),
+      ...(s.loadSeconds !== undefined ? { load_seconds: Number(s.loadSeconds.toFixed(2)) } : {}),
+      in_flight: s.inFlight,
+      ...s.details,
+    })),
+  });
+
   const routes: Route[] = [
     {
       method: "POST",
       path: "/v1/embeddings",
-      auth: true,
+      auth: "v1",
       handler: async (req, ctx) => {
         const body = await parse(req, EmbeddingsRequestSchema);
         ctx.model = body.model;
+        allowedSlot(body.model, ctx.key);
         const { slot, engine } = deps.registry.engine(body.model, "embedding");
+        admit(slot, ctx);
         const res = await createEmbeddings(body, engine, {
           maxInputTokens: slot.spec.maxInputTokens ?? 8192,
           maxEntries: deps.maxEmbeddingInputs,
           matryoshka: slot.spec.matryoshka,
           minDims: slot.spec.minDims,
-        }, req.signal);
+        }, ctx.signal);
         ctx.promptTokens = res.usage.prompt_tokens;
         return jsonResponse(res);
       },
@@ -96,17 +161,23 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     {
       method: "POST",
       path: "/v1/chat/completions",
-      auth: true,
+      auth: "v1",
       handler: async (req, ctx) => {
         const body = await parse(req, ChatRequestSchema);
         ctx.model = body.model;
+        allowedSlot(body.model, ctx.key);
         const { slot, engine } = deps.registry.engine(body.model, "chat");
-        return createChatCompletion(body, engine, {
+        admit(slot, ctx);
+        const started = performance.now();
+        return await createChatCompletion(body, engine, {
           defaultThinking: slot.spec.thinking,
           created: now(),
-          signal: req.signal,
+          signal: ctx.signal,
           log: deps.log,
           requestId: ctx.id,
+          onStarted: () => (ctx.queueWaitMs = performance.now() - started),
+          onFirstToken: () =>
+            deps.metrics.ttft.observe({ model: slot.spec.id }, (performance.now() - started) / 1000),
           onUsage: (u) => {
             ctx.promptTokens = u.prompt_tokens;
             ctx.completionTokens = u.completion_tokens;
@@ -117,9 +188,18 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     {
       method: "GET",
       path: "/v1/models",
-      auth: true,
-      handler: () => {
-        const names = deps.registry.slots.flatMap((s) => [s.spec.id, ...s.spec.aliases]);
+      auth: "v1",
+      handler: (_req, ctx) => {
+        const names = deps.registry.slots.flatMap((s) => [s.spec.id, ...s.spec.aliases])
+          .filter((n) => !ctx.key?.models || allowed(n));
+        function allowed(n: string) {
+          try {
+            allowedSlot(n, ctx.key);
+            return true;
+          } catch {
+            return false;
+          }
+        }
         const list: ModelList = { object: "list", data: names.map(modelObject) };
         return jsonResponse(list);
       },
@@ -128,23 +208,31 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
       method: "GET",
       path: "/v1/models/",
       prefix: true,
-      auth: true,
-      handler: (_req, _ctx, name) => jsonResponse(modelObject(decodeURIComponent(name))),
+      auth: "v1",
+      handler: (_req, ctx, name) => {
+        const id = decodeURIComponent(name);
+        allowedSlot(id, ctx.key);
+        return jsonResponse(modelObject(id));
+      },
+    },
+    { method: "GET", path: "/health", auth: "open", handler: () => jsonResponse(healthBody()) },
+    {
+      method: "GET",
+      path: "/health/ready",
+      auth: "ops",
+      handler: () => {
+        const body = healthBody();
+        return jsonResponse(body, body.ready ? 200 : 503, body.ready ? {} : { "retry-after": "5" });
+      },
     },
     {
       method: "GET",
-      path: "/health",
-      auth: false,
-      handler: () => {
-        const models = deps.registry.slots.map((s) => ({
-          id: s.spec.id,
-          kind: s.spec.kind,
-          status: s.state,
-          ...(s.error ? { error: s.error } : {}),
-          ...s.details,
-        }));
-        return jsonResponse({ status: "ok", ready: deps.registry.ready, models });
-      },
+      path: "/metrics",
+      auth: "ops",
+      handler: () =>
+        new Response(deps.metrics.render(), {
+          headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
+        }),
     },
   ];
 
@@ -173,47 +261,117 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
   return async (req: Request): Promise<Response> => {
     const started = performance.now();
     const url = new URL(req.url);
-    const ctx: RequestContext = { id: requestId(req.headers.get("x-request-id")) };
+    const signal = AbortSignal.any([
+      req.signal,
+      AbortSignal.timeout(deps.requestTimeoutMs),
+      deps.lifecycle.shutdown,
+    ]);
+    const ctx: RequestContext = {
+      id: requestId(req.headers.get("x-request-id")),
+      route: url.pathname,
+      signal,
+      onDone: [],
+    };
     let res: Response;
+    let rateHeaders: Record<string, string> = {};
     try {
       if (req.method === "OPTIONS" && deps.corsOrigins.length > 0) {
         res = new Response(null, { status: 204 });
       } else {
         const { route: r, match } = route(req.method, url.pathname);
-        if (r.auth) deps.keys.authorize(req.headers.get("authorization"));
+        ctx.route = r.prefix ? `${r.path}{id}` : r.path;
+        if (deps.lifecycle.draining && r.auth === "v1") {
+          throw abortedError(new DOMException("shutting down", "ShutdownError"));
+        }
+        if (r.auth === "v1" || (r.auth === "ops" && deps.opsNeedKey)) {
+          ctx.key = deps.keys.authorize(req.headers.get("authorization"));
+        }
+        if (r.auth === "v1") rateHeaders = deps.limiter.admit(ctx.key);
         res = await r.handler(req, ctx, match);
       }
     } catch (e) {
-      if (e instanceof ApiError) {
-        res = errorResponse(e);
-      } else {
-        deps.log.error("unexpected error", { request_id: ctx.id, error: String((e as Error)?.stack ?? e) });
-        res = errorResponse(
-          new ApiError(
-            500,
-            "server_error",
-            `Internal server error (request id ${ctx.id}).`,
-            null,
-            "internal_error",
-          ),
-        );
-      }
+      res = errorResponse(toApiError(e, signal, ctx, deps.log));
     }
     res.headers.set("x-request-id", ctx.id);
     res.headers.set("x-content-type-options", "nosniff");
+    for (const [k, v] of Object.entries(rateHeaders)) if (!res.headers.has(k)) res.headers.set(k, v);
     applyCors(req, res, deps.corsOrigins);
-    deps.log.info("request", {
-      request_id: ctx.id,
-      method: req.method,
-      route: url.pathname,
-      status: res.status,
-      ...(ctx.model ? { model: ctx.model } : {}),
-      ...(ctx.promptTokens !== undefined ? { prompt_tokens: ctx.promptTokens } : {}),
-      ...(ctx.completionTokens !== undefined ? { completion_tokens: ctx.completionTokens } : {}),
-      ms: Number((performance.now() - started).toFixed(2)),
-    });
-    return res;
+    const finish = () => {
+      for (const f of ctx.onDone) f();
+      const seconds = (performance.now() - started) / 1000;
+      deps.limiter.charge(ctx.key, (ctx.promptTokens ?? 0) + (ctx.completionTokens ?? 0));
+      deps.metrics.requests.inc({
+        route: ctx.route,
+        status: String(res.status),
+        ...(ctx.key ? { key: ctx.key.name } : {}),
+      });
+      deps.metrics.duration.observe({ route: ctx.route }, seconds);
+      if (ctx.model && ctx.queueWaitMs !== undefined) {
+        deps.metrics.queueWait.observe({ model: ctx.model }, ctx.queueWaitMs / 1000);
+      }
+      if (ctx.model && ctx.promptTokens) {
+        deps.metrics.promptTokens.inc({ model: ctx.model }, ctx.promptTokens);
+      }
+      if (ctx.model && ctx.completionTokens) {
+        deps.metrics.completionTokens.inc({ model: ctx.model }, ctx.completionTokens);
+      }
+      deps.log.info("request", {
+        request_id: ctx.id,
+        method: req.method,
+        route: url.pathname,
+        status: res.status,
+        ...(ctx.key ? { key: ctx.key.name } : {}),
+        ...(ctx.model ? { model: ctx.model } : {}),
+        ...(ctx.promptTokens !== undefined ? { prompt_tokens: ctx.promptTokens } : {}),
+        ...(ctx.completionTokens !== undefined ? { completion_tokens: ctx.completionTokens } : {}),
+        ...(ctx.queueWaitMs !== undefined ? { queue_wait_ms: Number(ctx.queueWaitMs.toFixed(2)) } : {}),
+        ms: Number((seconds * 1000).toFixed(2)),
+      });
+    };
+    return res.body ? withBodyEnd(res, finish) : (finish(), res);
   };
+}
+
+function toApiError(e: unknown, signal: AbortSignal, ctx: RequestContext, log: Logger): ApiError {
+  if (e instanceof ApiError) return e;
+  if (signal.aborted) return abortedError(signal.reason);
+  log.error("unexpected error", { request_id: ctx.id, error: String((e as Error)?.stack ?? e) });
+  return new ApiError(
+    500,
+    "server_error",
+    `Internal server error (request id ${ctx.id}).`,
+    null,
+    "internal_error",
+  );
+}
+
+/** The same response whose body calls `done` once, when it ends, fails or is cancelled. */
+function withBodyEnd(res: Response, done: () => void): Response {
+  const reader = res.body!.getReader();
+  let called = false;
+  const once = () => {
+    if (!called) done();
+    called = true;
+  };
+  const body = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      try {
+        const { value, done: end } = await reader.read();
+        if (end) {
+          controller.close();
+          once();
+        } else controller.enqueue(value);
+      } catch (e) {
+        controller.error(e);
+        once();
+      }
+    },
+    async cancel(reason) {
+      await reader.cancel(reason).catch(() => {});
+      once();
+    },
+  });
+  return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
 
 function requestId(given: string | null): string {

@@ -2,9 +2,10 @@
 import assert from "node:assert/strict";
 import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/services/vectors.ts";
-import { ConfigError, loadConfig } from "../src/config.ts";
+import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
 import { formatPath } from "../src/http/errors.ts";
-import { constantTimeEqual, KeyRing } from "../src/http/auth.ts";
+import { constantTimeEqual, KeyRing, parseKeyFile, plainKey, RateLimiter } from "../src/http/auth.ts";
+import { createHash } from "node:crypto";
 import { parseRegistry } from "../src/registry.ts";
 
 const text = (b: Uint8Array) => new TextDecoder().decode(b);
@@ -88,9 +89,12 @@ Deno.test("settings: an unknown key in the config file is an error naming it", a
 
 Deno.test("settings: keys come from flags, env and a key file together", async () => {
   const file = await Deno.makeTempFile();
-  await Deno.writeTextFile(file, "# ops keys\nk-file\n\n");
+  await Deno.writeTextFile(file, "# ops keys\nk-file name=ops\n\n");
   const { config } = await loadConfig(["--api-key", "k-flag", "--api-key-file", file], {});
-  assert.deepEqual(config.apiKeys, ["k-flag", "k-file"]);
+  const keys = await loadApiKeys(config);
+  assert.deepEqual(keys.map((k) => k.name), [plainKey("k-flag").name, "ops"]);
+  const ring = new KeyRing(keys);
+  assert.equal(ring.authorize("Bearer k-file")?.name, "ops");
   const env = await loadConfig([], { VSERVE_API_KEY: "a,b" });
   assert.deepEqual(env.config.apiKeys, ["a", "b"]);
   await Deno.remove(file);
@@ -99,11 +103,42 @@ Deno.test("settings: keys come from flags, env and a key file together", async (
 Deno.test("auth: constant-time comparison and bearer parsing", () => {
   assert.equal(constantTimeEqual(new Uint8Array([1, 2]), new Uint8Array([1, 2])), true);
   assert.equal(constantTimeEqual(new Uint8Array([1, 2]), new Uint8Array([1, 3])), false);
-  const ring = new KeyRing(["k"]);
+  const ring = new KeyRing([plainKey("k")]);
   ring.authorize("Bearer k");
   ring.authorize("bearer   k");
   assert.throws(() => ring.authorize("Bearer x"));
   assert.throws(() => ring.authorize(null));
+});
+
+Deno.test("key file: sha256 entries, names, models and limits; bad lines name the line", () => {
+  const hash = createHash("sha256").update("s3cret").digest("hex");
+  const [k] = parseKeyFile(`sha256:${hash} name=ci models=a,b rpm=60 tpm=1000`, "keys");
+  assert.deepEqual([k.name, [...k.models!], k.rpm, k.tpm], ["ci", ["a", "b"], 60, 1000]);
+  assert.equal(new KeyRing([k]).authorize("Bearer s3cret")?.name, "ci");
+  assert.throws(() => parseKeyFile("ok\nsha256:zz", "keys"), /keys line 2: sha256: needs 64 hex digits/);
+  assert.throws(() => parseKeyFile("k colour=red", "keys"), /line 1: unknown field 'colour'/);
+  assert.throws(() => parseKeyFile("k rpm=0", "keys"), /rpm must be a positive integer/);
+});
+
+Deno.test("rate limiter: requests and tokens per minute refill over time", () => {
+  let now = 0;
+  const limiter = new RateLimiter(() => now);
+  const key = { ...plainKey("k"), rpm: 2, tpm: 100 };
+  assert.equal(limiter.admit(key)["x-ratelimit-remaining-requests"], "1");
+  limiter.admit(key);
+  assert.throws(
+    () => limiter.admit(key),
+    (e: Error & { status: number; headers: Record<string, string> }) =>
+      e.status === 429 && Number(e.headers["retry-after"]) === 30,
+  );
+  now += 30_000;
+  limiter.admit(key);
+  now += 60_000;
+  limiter.charge(key, 150);
+  assert.throws(() => limiter.admit(key), /tokens per minute/);
+  now += 60_000;
+  assert.equal(limiter.admit(key)["x-ratelimit-limit-tokens"], "100");
+  assert.deepEqual(limiter.admit(undefined), {});
 });
 
 Deno.test("registry: a duplicate name and a missing field are clear errors", () => {

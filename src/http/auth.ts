@@ -1,30 +1,108 @@
-/** Bearer-key authentication for `/v1/*`, with a constant-time comparison. */
+/**
+ * API keys: bearer authentication with constant-time comparison, per-key names (logged instead of
+ * the key), allowed models and request / token rate limits.
+ */
 import { createHash } from "node:crypto";
 import { ApiError } from "./errors.ts";
 
-/** Checks `Authorization: Bearer <key>` against a fixed set of keys. */
-export class KeyRing {
-  readonly #digests: Uint8Array[];
+/** One configured key. The secret itself is never kept: only its SHA-256. */
+export interface ApiKey {
+  name: string;
+  digest: Uint8Array;
+  /** Model ids (or aliases) this key may use; undefined = all. */
+  models?: ReadonlySet<string>;
+  /** Requests per minute; undefined = unlimited. */
+  rpm?: number;
+  /** Tokens (prompt + completion) per minute; undefined = unlimited. */
+  tpm?: number;
+}
 
-  constructor(keys: readonly string[]) {
-    this.#digests = keys.map(digest);
+function sha256(text: string): Uint8Array {
+  return createHash("sha256").update(text, "utf8").digest();
+}
+
+function hex(bytes: Uint8Array): string {
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/** A key given as a flag or env var: a plain secret with no limits. */
+export function plainKey(secret: string): ApiKey {
+  const digest = sha256(secret);
+  return { name: `key-${hex(digest).slice(0, 8)}`, digest };
+}
+
+/**
+ * Parses a key file: one key a line, `#` comments. A line is the secret or `sha256:<hex>` (so the
+ * file need not hold secrets), then optional `name=…`, `models=a,b`, `rpm=N`, `tpm=N`.
+ *
+ * @example
+ * ```ts
+ * parseKeyFile("sha256:9f86…0a08 name=ci models=Vendor/Vendor3-Embedding-8B rpm=60", "keys");
+ * ```
+ */
+export function parseKeyFile(text: string, origin: string): ApiKey[] {
+  const keys: ApiKey[] = [];
+  text.split(/\r?\n/).forEach((raw, i) => {
+    const line = raw.trim();
+    if (line === "" || line.startsWith("#")) return;
+    const [secret, ...fields] = line.split(/\s+/);
+    const where = `${origin} line ${i + 1}`;
+    let key: ApiKey;
+    if (secret.startsWith("sha256:")) {
+      const h = secret.slice(7).toLowerCase();
+      if (!/^[0-9a-f]{64}$/.test(h)) throw new Error(`${where}: sha256: needs 64 hex digits`);
+      key = {
+        name: `key-${h.slice(0, 8)}`,
+        digest: Uint8Array.from(h.match(/../g)!.map((b) => parseInt(b, 16))),
+      };
+    } else key = plainKey(secret);
+    for (const field of fields) {
+      const m = field.match(/^(name|models|rpm|tpm)=(.+)$/);
+      if (!m) {
+        throw new Error(`${where}: unknown field '${field.split("=")[0]}' (name=, models=, rpm=, tpm=)`);
+      }
+      const [, k, v] = m;
+      if (k === "name") key.name = v;
+      else if (k === "models") key.models = new Set(v.split(",").filter((s) => s !== ""));
+      else {
+        const n = Number(v);
+        if (!Number.isInteger(n) || n < 1) throw new Error(`${where}: ${k} must be a positive integer`);
+        key[k as "rpm" | "tpm"] = n;
+      }
+    }
+    keys.push(key);
+  });
+  return keys;
+}
+
+/** Checks `Authorization: Bearer <key>` against the configured keys; replaceable on reload. */
+export class KeyRing {
+  #keys: ApiKey[];
+
+  constructor(keys: readonly ApiKey[]) {
+    this.#keys = [...keys];
   }
 
   /** True when no key is configured (auth is off; the caller decides whether that is allowed). */
   get isOpen(): boolean {
-    return this.#digests.length === 0;
+    return this.#keys.length === 0;
+  }
+
+  /** Swaps in a new key set (SIGHUP reload). */
+  replace(keys: readonly ApiKey[]): void {
+    this.#keys = [...keys];
   }
 
   /**
-   * Throws a 401 unless the request carries a configured key.
+   * The key of the request, or undefined when auth is off; throws a 401 otherwise.
    *
    * @example
    * ```ts
-   * new KeyRing(["sk-1"]).authorize(req.headers.get("authorization"));
+   * const key = ring.authorize(req.headers.get("authorization"));
    * ```
    */
-  authorize(header: string | null): void {
-    if (this.isOpen) return;
+  authorize(header: string | null): ApiKey | undefined {
+    if (this.isOpen) return undefined;
     const match = header?.match(/^Bearer\s+(\S.*)$/i);
     if (!match) {
       throw unauthorized(
@@ -33,11 +111,12 @@ export class KeyRing {
           : "No API key provided. Send it as 'Authorization: Bearer <key>'.",
       );
     }
-    const candidate = digest(match[1].trim());
-    // Compare against every key so that timing does not reveal which one (or whether any) matched.
-    let ok = false;
-    for (const d of this.#digests) ok = constantTimeEqual(d, candidate) || ok;
-    if (!ok) throw unauthorized("Incorrect API key provided.");
+    const candidate = sha256(match[1].trim());
+    // Compare against every key, so the time taken does not reveal which one (or whether any) matched.
+    let found: ApiKey | undefined;
+    for (const key of this.#keys) if (constantTimeEqual(key.digest, candidate) && !found) found = key;
+    if (!found) throw unauthorized("Incorrect API key provided.");
+    return found;
   }
 }
 
@@ -47,15 +126,80 @@ function unauthorized(message: string): ApiError {
   });
 }
 
-// Hashing first gives equal-length inputs, so the comparison time does not depend on key length.
-function digest(key: string): Uint8Array {
-  return createHash("sha256").update(key, "utf8").digest();
-}
-
 /** Equal-time comparison of two byte strings of the same length. */
 export function constantTimeEqual(a: Uint8Array, b: Uint8Array): boolean {
   if (a.length !== b.length) return false;
   let diff = 0;
   for (let i = 0; i < a.length; i++) diff |= a[i] ^ b[i];
   return diff === 0;
+}
+
+/** Per-key request and token budgets (token buckets refilled continuously over a minute). */
+export class RateLimiter {
+  readonly #buckets = new Map<string, { requests: number; tokens: number; at: number }>();
+  constructor(private readonly now: () => number = () => performance.now()) {}
+
+  #refill(key: ApiKey) {
+    const t = this.now();
+    let b = this.#buckets.get(key.name);
+    if (!b) this.#buckets.set(key.name, b = { requests: key.rpm ?? 0, tokens: key.tpm ?? 0, at: t });
+    const minutes = (t - b.at) / 60_000;
+    if (key.rpm) b.requests = Math.min(key.rpm, b.requests + minutes * key.rpm);
+    if (key.tpm) b.tokens = Math.min(key.tpm, b.tokens + minutes * key.tpm);
+    b.at = t;
+    return b;
+  }
+
+  /**
+   * Takes one request from the key's budget, or throws 429 with `Retry-After`. Returns the
+   * `x-ratelimit-*` headers to send.
+   */
+  admit(key: ApiKey | undefined): Record<string, string> {
+    if (!key || (!key.rpm && !key.tpm)) return {};
+    const b = this.#refill(key);
+    if (key.rpm && b.requests < 1) {
+      const wait = Math.ceil(((1 - b.requests) / key.rpm) * 60);
+      throw limited(`requests per minute (${key.rpm})`, wait, this.headers(key));
+    }
+    if (key.tpm && b.tokens <= 0) {
+      const wait = Math.ceil(((1 - b.tokens) / key.tpm) * 60);
+      throw limited(`tokens per minute (${key.tpm})`, wait, this.headers(key));
+    }
+    if (key.rpm) b.requests -= 1;
+    return this.headers(key);
+  }
+
+  /** Charges tokens used by a finished request. */
+  charge(key: ApiKey | undefined, tokens: number): void {
+    if (!key?.tpm || tokens <= 0) return;
+    this.#refill(key).tokens -= tokens;
+  }
+
+  /** The `x-ratelimit-*` headers for the key's current budgets. */
+  headers(key: ApiKey): Record<string, string> {
+    const b = this.#refill(key);
+    const out: Record<string, string> = {};
+    if (key.rpm) {
+      out["x-ratelimit-limit-requests"] = String(key.rpm);
+      out["x-ratelimit-remaining-requests"] = String(Math.max(0, Math.floor(b.requests)));
+      out["x-ratelimit-reset-requests"] = `${Math.ceil(((key.rpm - b.requests) / key.rpm) * 60)}s`;
+    }
+    if (key.tpm) {
+      out["x-ratelimit-limit-tokens"] = String(key.tpm);
+      out["x-ratelimit-remaining-tokens"] = String(Math.max(0, Math.floor(b.tokens)));
+      out["x-ratelimit-reset-tokens"] = `${Math.ceil(((key.tpm - Math.max(0, b.tokens)) / key.tpm) * 60)}s`;
+    }
+    return out;
+  }
+}
+
+function limited(what: string, seconds: number, headers: Record<string, string>): ApiError {
+  return new ApiError(
+    429,
+    "rate_limit_error",
+    `Rate limit reached for this API key: ${what}. Retry in ${seconds} s.`,
+    null,
+    "rate_limit_exceeded",
+    { ...headers, "retry-after": String(Math.max(1, seconds)) },
+  );
 }

@@ -115,3 +115,37 @@ export function jsonResponse(
 export function errorResponse(error: ApiError): Response {
   return jsonResponse(error.toBody(), error.status, error.headers);
 }
+
+/**
+ * The error for a request whose signal aborted: 504 on the request time limit, 503 when the
+ * server is shutting down, 499 (client closed request) when the client went away.
+ */
+export function abortedError(reason: unknown): ApiError {
+  const name = (reason as { name?: string })?.name;
+  if (name === "TimeoutError") {
+    return new ApiError(
+      504,
+      "timeout_error",
+      "The request took longer than the server's time limit.",
+      null,
+      "timeout",
+    );
+  }
+  if (name === "ShutdownError") {
+    return new ApiError(
+      503,
+      "service_unavailable_error",
+      "The server is shutting down; retry on another instance.",
+      null,
+      "shutting_down",
+      { "retry-after": "5" },
+    );
+  }
+  return new ApiError(
+    499,
+    "invalid_request_error",
+    "The client closed the request.",
+    null,
+    "client_closed_request",
+  );
+}

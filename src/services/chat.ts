@@ -2,7 +2,7 @@
  * The OpenAI semantics of `/v1/chat/completions`: request → engine job, engine events →
  * a `chat.completion` or a stream of `chat.completion.chunk`s.
  */
-import { ApiError, badRequest, jsonResponse } from "../http/errors.ts";
+import { abortedError, ApiError, badRequest, jsonResponse } from "../http/errors.ts";
 import { SSE_HEADERS, sseStream } from "../http/sse.ts";
 import type {
   ChatChunk,
@@ -24,6 +24,10 @@ export interface ChatContext {
   signal: AbortSignal;
   log: Logger;
   requestId: string;
+  /** The engine started the job (a sequence was free). */
+  onStarted?: () => void;
+  /** The first token arrived. */
+  onFirstToken?: () => void;
   onUsage?: (usage: CompletionUsage) => void;
 }
 
@@ -43,43 +47,60 @@ export async function createChatCompletion(
 ): Promise<Response> {
   const job = toJob(req, ctx.defaultThinking);
   const id = `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
+  // The stream's own controller also stops generation when the consumer goes away.
   const abort = new AbortController();
-  const onClientGone = () => abort.abort(new DOMException("client disconnected", "AbortError"));
-  ctx.signal.addEventListener("abort", onClientGone, { once: true });
-  const iterator = engine.generate(job, abort.signal)[Symbol.asyncIterator]();
+  const signal = AbortSignal.any([ctx.signal, abort.signal]);
+  const toError = (e: unknown) => toApiError(e, signal);
+  const iterator = withFirstToken(engine.generate(job, signal)[Symbol.asyncIterator](), ctx);
   let first: IteratorResult<ChatEvent>;
   try {
     first = await iterator.next();
   } catch (e) {
-    ctx.signal.removeEventListener("abort", onClientGone);
-    throw toApiError(e);
+    throw toError(e);
   }
+  ctx.onStarted?.();
   const promptTokens = first.done || first.value.type !== "prompt" ? 0 : first.value.promptTokens;
-  if (!req.stream) {
-    try {
-      return jsonResponse(await collect(req, id, ctx, promptTokens, iterator));
-    } finally {
-      ctx.signal.removeEventListener("abort", onClientGone);
-    }
-  }
+  if (!req.stream) return jsonResponse(await collect(req, id, ctx, promptTokens, iterator, toError));
   const chunks = streamChunks(req, id, ctx, promptTokens, iterator, abort);
   const body = sseStream(chunks, {
     pingMs: 15_000,
     onError: (e) => {
-      ctx.log.error("stream failed", { request_id: ctx.requestId, error: String(e) });
-      return toApiError(e).toBody();
+      const error = toError(e);
+      const log = error.status >= 500 && error.status !== 503 && error.status !== 504
+        ? ctx.log.error
+        : ctx.log.warn;
+      log("stream ended with an error", {
+        request_id: ctx.requestId,
+        status: error.status,
+        code: error.code,
+      });
+      return error.toBody();
     },
   });
   return new Response(body, { headers: SSE_HEADERS });
 }
 
-function toApiError(e: unknown): ApiError {
+function toApiError(e: unknown, signal: AbortSignal): ApiError {
   if (e instanceof ApiError) return e;
   if (e instanceof EngineInputError) return badRequest(e.message, e.param, e.code);
-  if (e instanceof Error && e.name === "AbortError") {
-    return new ApiError(499, "invalid_request_error", "The request was cancelled.", null, "cancelled");
-  }
+  if (signal.aborted) return abortedError(signal.reason);
   return new ApiError(500, "server_error", "The model failed while generating.", null, "generation_failed");
+}
+
+/** Calls `ctx.onFirstToken` when the first generated text or call passes by. */
+function withFirstToken(events: AsyncIterator<ChatEvent>, ctx: ChatContext): AsyncIterator<ChatEvent> {
+  let seen = false;
+  return {
+    async next() {
+      const r = await events.next();
+      if (!seen && !r.done && r.value.type !== "prompt" && r.value.type !== "end") {
+        seen = true;
+        ctx.onFirstToken?.();
+      }
+      return r;
+    },
+    return: (v?: unknown) => events.return?.(v) ?? Promise.resolve({ done: true, value: undefined }),
+  };
 }
 
 /** The engine job for a validated request; rejects combinations the contract forbids. */
@@ -199,6 +220,7 @@ async function collect(
   ctx: ChatContext,
   promptTokens: number,
   events: Events,
+  toError: (e: unknown) => ApiError,
 ): Promise<ChatCompletion> {
   let content = "";
   let reasoning = "";
@@ -222,7 +244,7 @@ async function collect(
       }
     }
   } catch (e) {
-    throw toApiError(e);
+    throw toError(e);
   }
   const usage = {
     prompt_tokens: promptTokens,

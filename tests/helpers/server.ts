@@ -12,6 +12,8 @@ export interface TestServer {
   pid: number;
   /** Every log line the process has written so far (stderr and stdout). */
   logs: string[];
+  /** Sends a signal without waiting. */
+  signal(signal: Deno.Signal): void;
   /** Sends SIGTERM and waits for exit; returns the exit code. */
   stop(signal?: Deno.Signal): Promise<number>;
   /** Resolves with the exit code when the process ends by itself. */
@@ -31,7 +33,8 @@ export interface TestServer {
  */
 export async function startServer(
   args: string[] = [],
-  opts: { env?: Record<string, string>; waitReady?: boolean; timeoutMs?: number } = {},
+  opts: { env?: Record<string, string>; waitReady?: boolean; timeoutMs?: number; client?: Deno.HttpClient } =
+    {},
 ): Promise<TestServer> {
   const command = new Deno.Command(Deno.execPath(), {
     args: ["run", "--allow-all", "main.ts", "--port", "0", "--log-format", "json", ...args],
@@ -54,7 +57,10 @@ export async function startServer(
         const line = buf.slice(0, nl);
         buf = buf.slice(nl + 1);
         logs.push(line);
-        if (line.includes('"msg":"listening"')) resolveUrl(`http://127.0.0.1:${JSON.parse(line).port}`);
+        if (line.includes('"msg":"listening"')) {
+          const { port, tls } = JSON.parse(line);
+          resolveUrl(`${tls ? "https" : "http"}://127.0.0.1:${port}`);
+        }
       }
     }
     if (buf) logs.push(buf);
@@ -80,6 +86,9 @@ export async function startServer(
     pid: child.pid,
     logs,
     exited,
+    signal(signal: Deno.Signal) {
+      child.kill(signal);
+    },
     async stop(signal: Deno.Signal = "SIGTERM") {
       try {
         child.kill(signal);
@@ -90,7 +99,7 @@ export async function startServer(
   if (opts.waitReady) {
     const deadline = Date.now() + timeoutMs;
     while (true) {
-      const health = await (await fetch(`${url}/health`)).json();
+      const health = await (await fetch(`${url}/health`, opts.client ? { client: opts.client } : {})).json();
       if (health.ready) break;
       const failed = health.models.find((m: { status: string }) => m.status === "failed");
       if (failed) {

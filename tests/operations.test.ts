@@ -1,0 +1,429 @@
+/**
+ * Production operation through real server processes: readiness, metrics, backpressure,
+ * time limits, graceful shutdown, and a reliability drill of adversarial requests.
+ */
+import assert from "node:assert/strict";
+import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { assertApiError, serverTest } from "./helpers/assert.ts";
+
+const KEY = "test-key";
+const CHAT = "Vendor/Vendor3.6-35B-A3B";
+const EMBED = "Vendor/Vendor3-Embedding-8B";
+const auth = { authorization: `Bearer ${KEY}`, "content-type": "application/json" };
+const user = [{ role: "user", content: "Go on" }];
+
+async function withServer(args: string[], fn: (s: TestServer) => Promise<void>, waitReady = true) {
+  const server = await startServer(["--api-key", KEY, ...args], { waitReady });
+  try {
+    await fn(server);
+  } finally {
+    await server.stop();
+  }
+}
+
+async function readSse(res: Response): Promise<string[]> {
+  const text = await res.text();
+  return text.split("\n\n").filter((e) => e.startsWith("data: ")).map((e) => e.slice(6));
+}
+
+serverTest("readiness is 503 while models load, /v1 answers 503 with Retry-After, then 200", async () => {
+  await withServer([], async (server) => {
+    const early = await fetch(`${server.url}/health/ready`);
+    const earlyBody = await early.json();
+    assert.equal(early.status, 503);
+    assert.equal(earlyBody.ready, false);
+    assert.equal((await fetch(`${server.url}/health`)).status, 200, "liveness is 200 while loading");
+    const chat = await postJson(`${server.url}/v1/chat/completions`, { model: CHAT, messages: user }, KEY);
+    if (chat.status === 503) {
+      assertApiError(chat, 503, { code: "model_loading" });
+      assert.ok(Number(chat.headers.get("retry-after")) > 0);
+    }
+    const deadline = Date.now() + 60_000;
+    let ready: Response;
+    while ((ready = await fetch(`${server.url}/health/ready`)).status !== 200) {
+      await ready.body?.cancel();
+      assert.ok(Date.now() < deadline, "models load");
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.equal((await ready.json()).ready, true);
+  }, false);
+});
+
+serverTest("a model that fails to load is reported in /health with its reason, and answers 503", async () => {
+  const registry = await Deno.makeTempFile({ suffix: ".json" });
+  const bad = await Deno.makeTempFile({ suffix: ".gguf" });
+  await Deno.writeTextFile(bad, "not a gguf file");
+  await Deno.writeTextFile(
+    registry,
+    JSON.stringify({ models: [{ id: "broken", kind: "chat", source: bad }] }),
+  );
+  await withServer(["--models", registry], async (server) => {
+    let health: Json;
+    for (let i = 0; i < 200; i++) {
+      health = await (await fetch(`${server.url}/health`)).json();
+      if (health.models[0].status !== "loading") break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.equal(health.models[0].status, "failed");
+    assert.ok(health.models[0].error.length > 0);
+    const res = await postJson(`${server.url}/v1/chat/completions`, { model: "broken", messages: user }, KEY);
+    assertApiError(res, 503, { code: "model_failed" });
+    assert.ok(!res.body.error.message.includes(bad), "no file path in the error body");
+    assert.ok(server.logs.some((l) => l.includes('"msg":"model failed to load"')));
+  }, false);
+  await Deno.remove(registry);
+  await Deno.remove(bad);
+});
+
+serverTest("/metrics exposes requests, latency, tokens, queue, slots, load state and memory", async () => {
+  await withServer([], async (server) => {
+    await postJson(`${server.url}/v1/embeddings`, { model: EMBED, input: "metrics" }, KEY);
+    await postJson(`${server.url}/v1/chat/completions`, { model: CHAT, messages: user, max_tokens: 3 }, KEY);
+    await postJson(`${server.url}/v1/embeddings`, { model: EMBED, input: "", dimensions: 1 }, KEY);
+    const text = await (await fetch(`${server.url}/metrics`)).text();
+    for (
+      const line of [
+        'route="/v1/embeddings",status="200"} 1',
+        'route="/v1/embeddings",status="400"} 1',
+        'route="/v1/chat/completions",status="200"} 1',
+        `vserve_completion_tokens_total{model="${CHAT}"} 3`,
+        `vserve_model_state{model="${CHAT}"} 1`,
+        `vserve_queue_depth{model="${CHAT}"} 0`,
+        `vserve_busy_slots{model="${EMBED}"} 0`,
+      ]
+    ) assert.ok(text.includes(line), `missing: ${line}`);
+    for (
+      const family of [
+        "vserve_http_request_duration_seconds_bucket",
+        "vserve_time_to_first_token_seconds_count",
+        "vserve_prompt_tokens_total",
+        "vserve_model_load_seconds",
+        "vserve_process_resident_memory_bytes",
+      ]
+    ) assert.ok(text.includes(family), `missing family ${family}`);
+    assert.match(text, /# TYPE vserve_http_request_duration_seconds histogram/);
+  });
+});
+
+serverTest(
+  "a flood beyond the queue: every request answered 200 or 429 with Retry-After, none lost",
+  async () => {
+    await withServer(["--parallel", "1", "--max-queue", "2"], async (server) => {
+      const results = await Promise.all(
+        Array.from({ length: 12 }, (_, i) =>
+          postJson(`${server.url}/v1/chat/completions`, {
+            model: CHAT,
+            messages: user,
+            max_tokens: 24,
+            seed: i,
+          }, KEY)),
+      );
+      const ok = results.filter((r) => r.status === 200);
+      const limited = results.filter((r) => r.status === 429);
+      assert.equal(ok.length + limited.length, 12, `statuses: ${results.map((r) => r.status)}`);
+      assert.ok(ok.length >= 3, "the running request and the queue are served");
+      assert.ok(limited.length >= 1, "beyond the queue is refused");
+      for (const r of limited) {
+        assertApiError(r, 429, { type: "rate_limit_error", code: "queue_full" });
+        assert.ok(Number(r.headers.get("retry-after")) >= 1);
+      }
+      const after = await postJson(`${server.url}/v1/chat/completions`, {
+        model: CHAT,
+        messages: user,
+        max_tokens: 2,
+      }, KEY);
+      assert.equal(after.status, 200);
+    });
+  },
+);
+
+serverTest("the request time limit answers 504 and frees the slot", async () => {
+  await withServer(["--parallel", "1", "--request-timeout-ms", "1500"], async (server) => {
+    const slow = await postJson(`${server.url}/v1/chat/completions`, {
+      model: CHAT,
+      messages: user,
+      max_tokens: 20000,
+    }, KEY);
+    assertApiError(slow, 504, { type: "timeout_error", code: "timeout" });
+    const next = await postJson(`${server.url}/v1/chat/completions`, {
+      model: CHAT,
+      messages: user,
+      max_tokens: 2,
+    }, KEY);
+    assert.equal(next.status, 200);
+  });
+});
+
+serverTest("SIGTERM during a stream: the stream completes, new requests are refused, exit 0", async () => {
+  const server = await startServer(["--api-key", KEY, "--drain-timeout-ms", "20000"], { waitReady: true });
+  const res = await fetch(`${server.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: auth,
+    body: JSON.stringify({ model: CHAT, messages: user, max_tokens: 120, stream: true, seed: 1 }),
+  });
+  const events = readSse(res);
+  await new Promise((r) => setTimeout(r, 200));
+  const exited = server.stop("SIGTERM");
+  await new Promise((r) => setTimeout(r, 100));
+  const refused = await fetch(`${server.url}/v1/models`, { headers: auth }).then(
+    (r) => r.status,
+    () => "refused",
+  );
+  assert.ok(refused === 503 || refused === "refused", `new request during drain: ${refused}`);
+  const all = await events;
+  assert.equal(all.at(-1), "[DONE]");
+  const last = JSON.parse(all.at(-2)!);
+  assert.equal(last.choices[0].finish_reason, "length", "the stream ran to its end");
+  assert.equal(await exited, 0);
+});
+
+serverTest("SIGTERM past the drain time: streams end with an error event and [DONE], exit 0", async () => {
+  const server = await startServer(["--api-key", KEY, "--drain-timeout-ms", "300"], { waitReady: true });
+  const res = await fetch(`${server.url}/v1/chat/completions`, {
+    method: "POST",
+    headers: auth,
+    body: JSON.stringify({ model: CHAT, messages: user, max_tokens: 30000, stream: true }),
+  });
+  const events = readSse(res);
+  await new Promise((r) => setTimeout(r, 300));
+  const code = await server.stop("SIGTERM");
+  const all = await events;
+  assert.equal(all.at(-1), "[DONE]");
+  const error = JSON.parse(all.at(-2)!);
+  assert.equal(error.error.code, "shutting_down");
+  assert.equal(code, 0);
+});
+
+serverTest("20 streams cut mid-way: every slot freed, memory steady, normal requests succeed", async () => {
+  await withServer(["--parallel", "4"], async (server) => {
+    const rss = async () => {
+      const text = await (await fetch(`${server.url}/metrics`)).text();
+      return Number(text.match(/vserve_process_resident_memory_bytes (\d+)/)![1]);
+    };
+    const cut = async (seed: number) => {
+      const controller = new AbortController();
+      const res = await fetch(`${server.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: auth,
+        body: JSON.stringify({ model: CHAT, messages: user, max_tokens: 5000, stream: true, seed }),
+        signal: controller.signal,
+      });
+      const reader = res.body!.getReader();
+      for (let got = 0; got < 3;) if ((await reader.read()).value) got++;
+      controller.abort();
+      await reader.cancel().catch(() => {});
+    };
+    for (let round = 0; round < 5; round++) await Promise.all([0, 1, 2, 3].map((i) => cut(round * 4 + i)));
+    const before = await rss();
+    for (let round = 0; round < 5; round++) {
+      await Promise.all([0, 1, 2, 3].map((i) => cut(100 + round * 4 + i)));
+    }
+    let health: Json;
+    for (let i = 0; i < 100; i++) {
+      health = await (await fetch(`${server.url}/health`)).json();
+      if (health.models.every((m: Json) => m.in_flight === 0)) break;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.deepEqual(health.models.map((m: Json) => m.in_flight), [0, 0, 0]);
+    const ok = await Promise.all(
+      [0, 1, 2, 3].map((seed) =>
+        postJson(
+          `${server.url}/v1/chat/completions`,
+          { model: CHAT, messages: user, max_tokens: 3, seed },
+          KEY,
+        )
+      ),
+    );
+    assert.deepEqual(ok.map((r) => r.status), [200, 200, 200, 200]);
+    const grown = (await rss()) - before;
+    assert.ok(
+      grown < 64 * 1024 * 1024,
+      `RSS grew by ${(grown / 1048576).toFixed(1)} MiB over 20 cut streams`,
+    );
+  });
+});
+
+/** At least 200 malformed or adversarial requests. */
+function adversarialCases(): { path: string; body: BodyInit; contentType?: string }[] {
+  const cases: { path: string; body: BodyInit; contentType?: string }[] = [];
+  const chat = "/v1/chat/completions";
+  const emb = "/v1/embeddings";
+  const rawBodies = [
+    "",
+    " ",
+    "{",
+    "}",
+    "[",
+    "null",
+    "true",
+    "42",
+    '"string"',
+    "{'model': 'x'}",
+    '{"model": "x",}',
+    '{"model": NaN}',
+    '{"model": Infinity}',
+    '{"model": "x", "messages": [}',
+    '{"a":1}{"b":2}',
+    "\u0000\u0001\u0002",
+    "[".repeat(100_000) + "]".repeat(100_000),
+    '{"input":' + "[".repeat(50_000) + "]".repeat(50_000) + "}",
+    '{"messages":' + '{"a":'.repeat(20_000) + "1" + "}".repeat(20_000) + "}",
+  ];
+  for (const body of rawBodies) for (const path of [chat, emb]) cases.push({ path, body });
+  for (const path of [chat, emb]) {
+    cases.push({ path, body: new Uint8Array([0x7b, 0x22, 0x6d, 0x22, 0x3a, 0x22, 0xc3, 0x28, 0x22, 0x7d]) });
+    cases.push({ path, body: new Uint8Array([0xff, 0xfe, 0x7b, 0x7d]) });
+    cases.push({ path, body: "{}", contentType: "text/plain" });
+    cases.push({ path, body: "model=x", contentType: "application/x-www-form-urlencoded" });
+  }
+  const weird: unknown[] = [
+    null,
+    true,
+    -1,
+    0,
+    1.5,
+    1e308,
+    -1e308,
+    2 ** 64,
+    "",
+    "x".repeat(100_000),
+    [],
+    [null],
+    {},
+    { "$ref": "#" },
+    "\u202e\u0000",
+  ];
+  const chatFields = [
+    "model",
+    "messages",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "stream",
+    "stop",
+    "n",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "chat_template_kwargs",
+    "stream_options",
+    "seed",
+  ];
+  for (const field of chatFields) {
+    for (const value of weird) {
+      // null max_tokens is valid: it generates to the end of the context, which is slow, not adversarial.
+      if (field === "max_tokens" && value === null) continue;
+      const body: Record<string, unknown> = { model: CHAT, messages: user, max_tokens: 2, [field]: value };
+      if (field === "messages" && Array.isArray(value) && value.length === 0) body.messages = [];
+      cases.push({ path: chat, body: JSON.stringify(body) });
+    }
+  }
+  for (const field of ["model", "input", "dimensions", "encoding_format", "truncate"]) {
+    for (const value of weird) {
+      cases.push({ path: emb, body: JSON.stringify({ model: EMBED, input: "x", [field]: value }) });
+    }
+  }
+  const messages: unknown[] = [
+    [{ role: "wizard", content: "x" }],
+    [{ role: "user" }],
+    [{ content: "x" }],
+    [{ role: "user", content: [{ type: "image_url", image_url: { url: "http://127.0.0.1/x.png" } }] }],
+    [{ role: "user", content: [{ type: "text" }] }],
+    [{ role: "tool", content: "x" }],
+    [{ role: "assistant", tool_calls: [{ id: 1 }] }],
+    [{
+      role: "assistant",
+      tool_calls: [{ id: "a", type: "function", function: { name: "f", arguments: "not json" } }],
+    }],
+    [{ role: "user", content: "x".repeat(1_000_000) }],
+    ["just a string"],
+    Array(5000).fill({ role: "user", content: "" }).concat([{ role: "bad" }]),
+  ];
+  for (const m of messages) {
+    cases.push({ path: chat, body: JSON.stringify({ model: CHAT, messages: m, max_tokens: 2 }) });
+  }
+  const inputs: unknown[] = [
+    [[]],
+    [[-1]],
+    [[1.5]],
+    [[2 ** 40]],
+    ["ok", null],
+    [["a"]],
+    Array(3000).fill("x"),
+    "y".repeat(1_000_000),
+  ];
+  for (const input of inputs) cases.push({ path: emb, body: JSON.stringify({ model: EMBED, input }) });
+  const forms: unknown[] = [
+    { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a+" } } },
+    { type: "json_schema", json_schema: { name: "bad name!", schema: {} } },
+    {
+      type: "json_schema",
+      json_schema: { name: "x", schema: { type: "object", properties: { a: { not: {} } } } },
+    },
+    { type: "json_schema", json_schema: { name: "x", schema: { $ref: "#/$defs/missing" } } },
+  ];
+  for (const f of forms) {
+    cases.push({
+      path: chat,
+      body: JSON.stringify({ model: CHAT, messages: user, max_tokens: 2, response_format: f }),
+    });
+  }
+  const tools = [{
+    type: "function",
+    function: { name: "f", parameters: { type: "object", properties: { a: { minimum: 1 } } } },
+  }];
+  cases.push({
+    path: chat,
+    body: JSON.stringify({ model: CHAT, messages: user, tools, tool_choice: "required" }),
+  });
+  return cases;
+}
+
+serverTest(
+  "reliability drill: 200+ adversarial requests, no crash, no 5xx, OpenAI errors, still serving",
+  async () => {
+    await withServer(
+      ["--body-limit-bytes", String(4 * 1024 * 1024), "--max-embedding-inputs", "2048"],
+      async (server) => {
+        const cases = adversarialCases();
+        assert.ok(cases.length >= 200, `${cases.length} cases`);
+        const statuses = new Map<number, number>();
+        for (let i = 0; i < cases.length; i += 8) {
+          await Promise.all(
+            cases.slice(i, i + 8).map(async (c, j) => {
+              const res = await fetch(`${server.url}${c.path}`, {
+                method: "POST",
+                headers: {
+                  authorization: `Bearer ${KEY}`,
+                  "content-type": c.contentType ?? "application/json",
+                },
+                body: c.body,
+              });
+              const text = await res.text();
+              statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1);
+              const where = `case ${i + j} (${c.path}, ${String(c.body).slice(0, 80)}): ${res.status} ${
+                text.slice(0, 200)
+              }`;
+              assert.ok(res.status < 500, where);
+              if (res.status !== 200) {
+                assertApiError({ status: res.status, body: JSON.parse(text) }, res.status);
+              }
+            }),
+          );
+        }
+        const ok = await postJson(`${server.url}/v1/chat/completions`, {
+          model: CHAT,
+          messages: user,
+          max_tokens: 2,
+        }, KEY);
+        assert.equal(ok.status, 200);
+        const emb = await postJson(`${server.url}/v1/embeddings`, { model: EMBED, input: "fine" }, KEY);
+        assert.equal(emb.status, 200);
+        assert.ok(
+          !server.logs.some((l) => l.includes('"msg":"unexpected error"')),
+          "no unexpected errors logged",
+        );
+      },
+    );
+  },
+);
