@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { getLlama } from "node-llama-cpp";
+import { getLlama, type LlamaModel } from "node-llama-cpp";
 import * as ort from "onnxruntime-node";
 import { Tokenizer } from "@huggingface/tokenizers";
 import { resolveSource } from "../src/models/sources.ts";
@@ -24,6 +24,22 @@ const tokenizerConfig = JSON.parse(
 );
 const tokenizer = new Tokenizer(JSON.parse(await Deno.readTextFile(tokenizerPath)), tokenizerConfig);
 const llama = await getLlama({ build: "never", gpu: false, logLevel: "error" as never });
+/** A test that loads a builtin preset in node-llama-cpp and disposes it afterwards. */
+function modelTest(name: string, preset: string, fn: (model: LlamaModel) => void | Promise<void>) {
+  Deno.test({
+    name,
+    sanitizeResources: false,
+    sanitizeOps: false,
+    fn: async () => {
+      const model = await llama.loadModel({ modelPath: await source(`builtin:${preset}`) });
+      try {
+        await fn(model);
+      } finally {
+        await model.dispose();
+      }
+    },
+  });
+}
 const sha256 = async (path: string) => createHash("sha256").update(await Deno.readFile(path)).digest("hex");
 
 const MULTILINGUAL = [
@@ -38,59 +54,37 @@ const MULTILINGUAL = [
   "Emoji: 🙂🎉👩‍💻🇪🇸 and symbols ∑∫≈",
 ];
 
-Deno.test({
-  name: "tiny-chat GGUF loads in node-llama-cpp as qwen3 with the Qwen3 vocabulary and chat template",
-  sanitizeResources: false,
-  sanitizeOps: false,
-  fn: async () => {
-    const model = await llama.loadModel({ modelPath: await source("builtin:tiny-chat") });
-    try {
-      const meta = model.fileInfo.metadata;
-      assert.equal(meta.general.architecture, "qwen3");
-      assert.equal(meta.tokenizer.ggml.tokens.length, 151669);
-      assert.equal(model.tokens.eos, 151645);
-      assert.equal(model.tokens.eosString, "<|im_end|>");
-      assert.equal(meta.tokenizer.chat_template, tokenizerConfig.chat_template);
-      assert.deepEqual(model.tokenize("<|im_start|>user", true).slice(0, 1), [151644]);
-      assert.deepEqual(model.tokenize("<think>", true), [151667]);
-    } finally {
-      await model.dispose();
-    }
+modelTest(
+  "tiny-chat GGUF loads in node-llama-cpp as qwen3 with the Qwen3 vocabulary and chat template",
+  "tiny-chat",
+  (model) => {
+    const meta = model.fileInfo.metadata;
+    assert.equal(meta.general.architecture, "qwen3");
+    assert.equal(meta.tokenizer.ggml.tokens.length, 151669);
+    assert.equal(model.tokens.eos, 151645);
+    assert.equal(model.tokens.eosString, "<|im_end|>");
+    assert.equal(meta.tokenizer.chat_template, tokenizerConfig.chat_template);
+    assert.deepEqual(model.tokenize("<|im_start|>user", true).slice(0, 1), [151644]);
+    assert.deepEqual(model.tokenize("<think>", true), [151667]);
   },
+);
+
+modelTest("tiny-embed GGUF declares last-token pooling and end-of-text as EOS", "tiny-embed", (model) => {
+  const meta = model.fileInfo.metadata as { qwen3: { pooling_type: number } };
+  assert.equal(meta.qwen3.pooling_type, 3);
+  assert.equal(model.tokens.eos, 151643);
+  assert.equal(model.embeddingVectorSize, 128);
 });
 
-Deno.test({
-  name: "tiny-embed GGUF declares last-token pooling and end-of-text as EOS",
-  sanitizeResources: false,
-  sanitizeOps: false,
-  fn: async () => {
-    const model = await llama.loadModel({ modelPath: await source("builtin:tiny-embed") });
-    try {
-      const meta = model.fileInfo.metadata as { qwen3: { pooling_type: number } };
-      assert.equal(meta.qwen3.pooling_type, 3);
-      assert.equal(model.tokens.eos, 151643);
-      assert.equal(model.embeddingVectorSize, 128);
-    } finally {
-      await model.dispose();
+modelTest(
+  "multilingual text tokenises to identical ids in llama.cpp and in tokenizer.json",
+  "tiny-embed",
+  (model) => {
+    for (const text of MULTILINGUAL) {
+      assert.deepEqual(Array.from(model.tokenize(text, false)), tokenizer.encode(text).ids, text);
     }
   },
-});
-
-Deno.test({
-  name: "multilingual text tokenises to identical ids in llama.cpp and in tokenizer.json",
-  sanitizeResources: false,
-  sanitizeOps: false,
-  fn: async () => {
-    const model = await llama.loadModel({ modelPath: await source("builtin:tiny-embed") });
-    try {
-      for (const text of MULTILINGUAL) {
-        assert.deepEqual(Array.from(model.tokenize(text, false)), tokenizer.encode(text).ids, text);
-      }
-    } finally {
-      await model.dispose();
-    }
-  },
-});
+);
 
 Deno.test("the ONNX model loads in onnxruntime-node with HF input and output names", async () => {
   const session = await ort.InferenceSession.create(await source("builtin:tiny-embed-onnx"));

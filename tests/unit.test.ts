@@ -157,3 +157,24 @@ Deno.test("registry: a duplicate name and a missing field are clear errors", () 
     /models\[0\]\.kind/,
   );
 });
+
+Deno.test("embeddings: a model without Matryoshka support refuses other dimensions, naming the field", async () => {
+  const { createEmbeddings } = await import("../src/services/embeddings.ts");
+  const engine = {
+    nativeDims: 64,
+    vocabSize: 100,
+    tokenize: (t: string) => Promise.resolve(Array.from(t, (_, i) => i % 100)),
+    completeTokens: (ids: readonly number[]) => [...ids],
+    embed: (seqs: readonly (readonly number[])[]) =>
+      Promise.resolve(seqs.map(() => new Float32Array(64).fill(1))),
+    dispose: () => Promise.resolve(),
+  };
+  const limits = { maxInputTokens: 10, maxEntries: 4, matryoshka: false, minDims: 32 };
+  await assert.rejects(
+    createEmbeddings({ model: "m", input: "abc", dimensions: 32 }, engine, limits),
+    (e: Error & { param: string; status: number }) =>
+      e.status === 400 && e.param === "dimensions" && /native 64/.test(e.message),
+  );
+  const native = await createEmbeddings({ model: "m", input: "abc", dimensions: 64 }, engine, limits);
+  assert.equal((native.data[0].embedding as number[]).length, 64);
+});

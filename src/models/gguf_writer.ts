@@ -48,29 +48,25 @@ class ByteSink {
     this.#buf = next;
     this.#view = new DataView(next.buffer);
   }
+  #put(size: number, write: (view: DataView, at: number) => void) {
+    this.#ensure(size);
+    write(this.#view, this.length);
+    this.length += size;
+  }
   u32(v: number) {
-    this.#ensure(4);
-    this.#view.setUint32(this.length, v, true);
-    this.length += 4;
+    this.#put(4, (d, at) => d.setUint32(at, v, true));
   }
   i32(v: number) {
-    this.#ensure(4);
-    this.#view.setInt32(this.length, v, true);
-    this.length += 4;
+    this.#put(4, (d, at) => d.setInt32(at, v, true));
   }
   u64(v: number) {
-    this.#ensure(8);
-    this.#view.setBigUint64(this.length, BigInt(v), true);
-    this.length += 8;
+    this.#put(8, (d, at) => d.setBigUint64(at, BigInt(v), true));
   }
   f32(v: number) {
-    this.#ensure(4);
-    this.#view.setFloat32(this.length, v, true);
-    this.length += 4;
+    this.#put(4, (d, at) => d.setFloat32(at, v, true));
   }
   u8(v: number) {
-    this.#ensure(1);
-    this.#buf[this.length++] = v;
+    this.#put(1, (d, at) => d.setUint8(at, v));
   }
   string(s: string) {
     const bytes = new TextEncoder().encode(s);
