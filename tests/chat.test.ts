@@ -237,6 +237,34 @@ serverTest(
   },
 );
 
+serverTest(
+  "tool_choice auto: a call the model opens is finished under the tool grammar (logit_bias)",
+  async () => {
+    // logit_bias pushes <tool_call> (id 151657) so that the random model opens a call by itself.
+    const res = await client.chat.completions.create({
+      model: MODEL,
+      messages: user("Weather?"),
+      tools: TOOLS,
+      parallel_tool_calls: false,
+      max_tokens: 300,
+      seed: 2,
+      logit_bias: { "151657": 100 },
+    });
+    const choice = res.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls");
+    assert.equal(choice.message.tool_calls?.length, 1);
+    for (const call of choice.message.tool_calls!) assertValidCall(call as Json);
+    const plain = await client.chat.completions.create({
+      model: MODEL,
+      messages: user("Weather?"),
+      tools: TOOLS,
+      max_tokens: 8,
+      seed: 2,
+    });
+    assert.equal(plain.choices[0].message.tool_calls, undefined, "without the bias the model writes text");
+  },
+);
+
 serverTest("tool_choice none gives no calls and leaves the tools out of the prompt", async () => {
   const base = { model: MODEL, messages: user("Hi"), max_tokens: 4, seed: 1 };
   const none = await client.chat.completions.create({ ...base, tools: TOOLS, tool_choice: "none" });

@@ -184,6 +184,12 @@ const zodCases: [string, string, unknown, string][] = [
     { model: "m", messages: user, presence_penalty: 5 },
     "presence_penalty",
   ],
+  [
+    "logit_bias out of range",
+    chat,
+    { model: "m", messages: user, logit_bias: { "42": 500 } },
+    "logit_bias.42",
+  ],
   ["input of the wrong type", emb, { model: "m", input: { text: "a" } }, "input"],
   ["input mixing strings and ids", emb, { model: "m", input: ["a", 1] }, "input"],
   ["dimensions not an integer", emb, { model: "m", input: "a", dimensions: 64.5 }, "dimensions"],

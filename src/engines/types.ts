@@ -57,6 +57,8 @@ export interface SamplingOptions {
   presencePenalty?: number;
   frequencyPenalty?: number;
   repeatPenalty?: number;
+  /** Token id → logit bias (-100 = never). */
+  logitBias?: Record<number, number>;
 }
 
 /** One generation request. */

@@ -98,6 +98,11 @@ export const ChatRequestSchema = z.object({
     error: "stop must be a string or an array of up to 4 strings",
   }).nullish(),
   seed: z.number().int().nullish(),
+  /** Token id (as a string key) → bias from -100 (never) to 100 (almost always), as OpenAI defines it. */
+  logit_bias: z.record(
+    z.string().regex(/^\d+$/, "logit_bias keys are token ids"),
+    z.number().min(-100).max(100),
+  ).nullish(),
   n: z.number().int().min(1).max(128).nullish(),
   tools: z.array(ToolSchema).nullish(),
   tool_choice: ToolChoiceSchema.nullish(),

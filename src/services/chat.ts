@@ -165,6 +165,9 @@ export function toJob(req: ChatRequest, defaultThinking: boolean): ChatJob {
       presencePenalty: req.presence_penalty ?? undefined,
       frequencyPenalty: req.frequency_penalty ?? undefined,
       repeatPenalty: req.repeat_penalty ?? undefined,
+      logitBias: req.logit_bias
+        ? Object.fromEntries(Object.entries(req.logit_bias).map(([k, v]) => [Number(k), v]))
+        : undefined,
     },
     maxTokens: req.max_completion_tokens ?? req.max_tokens ?? undefined,
     stop: stop.filter((s) => s !== ""),

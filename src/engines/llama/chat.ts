@@ -11,6 +11,8 @@ import {
   type LlamaContextSequence,
   type LlamaGrammar,
   type LlamaModel,
+  type Token,
+  TokenBias,
 } from "node-llama-cpp";
 import { Template } from "@huggingface/jinja";
 import type { ChatEngine, ChatEvent, ChatJob, EngineMessage } from "../types.ts";
@@ -29,7 +31,10 @@ export interface LlamaChatOptions {
   log: Logger;
 }
 
-/** Most tool calls one forced turn may hold (bounds the grammar's repetition). */
+/** The tag that opens a tool call in Qwen's format. */
+const TOOL_OPEN = "<tool_call>";
+
+/** Most tool calls one turn may hold (bounds the grammar's repetition). */
 const MAX_PARALLEL_CALLS = 8;
 
 /** A chat model with a pool of sequences. */
@@ -134,8 +139,9 @@ export class LlamaChatEngine implements ChatEngine {
     const s = job.sampling;
     const penalize = s.presencePenalty || s.frequencyPenalty || (s.repeatPenalty && s.repeatPenalty !== 1);
     const completion = new LlamaCompletion({ contextSequence: sequence });
-    const run = completion.generateCompletionWithMeta(tokens, {
-      maxTokens: job.maxTokens ?? limit - tokens.length,
+    const budget = job.maxTokens ?? limit - tokens.length;
+    const options = (phaseGrammar: LlamaGrammar | undefined, triggers: string[], maxTokens: number) => ({
+      maxTokens,
       temperature: s.temperature ?? 1,
       topP: s.topP,
       topK: s.topK,
@@ -148,13 +154,38 @@ export class LlamaChatEngine implements ChatEngine {
           frequencyPenalty: s.frequencyPenalty ?? 0,
           lastTokens: 64,
         }
-        : false,
-      grammar,
-      customStopTriggers: job.stop.length > 0 ? job.stop : undefined,
+        : false as const,
+      tokenBias: this.#tokenBias(s.logitBias),
+      grammar: phaseGrammar,
+      customStopTriggers: triggers.length > 0 ? triggers : undefined,
       signal: stop.signal,
-      onToken: (t) => void (completionTokens += t.length),
-      onTextChunk: (text) => forward(parser.push(text)),
-    }).then((res) => {
+      onToken: (t: readonly unknown[]) => void (completionTokens += t.length),
+    });
+    // With tool_choice auto, text is free until the model opens a tool call; the call itself is then
+    // generated under the tool-call grammar (a lazy grammar, as llama-server does it).
+    const lazyCalls = grammar === undefined && job.toolChoice === "auto" && job.tools.length > 0;
+    const run = (async () => {
+      let text = "";
+      let res = await completion.generateCompletionWithMeta(tokens, {
+        ...options(grammar, lazyCalls ? [...job.stop, TOOL_OPEN] : job.stop, budget),
+        onTextChunk: (chunk) => {
+          text += chunk;
+          forward(parser.push(chunk));
+        },
+      });
+      const opened = res.metadata.stopReason === "customStopTrigger" &&
+        res.metadata.customStopTrigger.join("") === TOOL_OPEN;
+      if (lazyCalls && opened && budget - completionTokens > 0) {
+        forward(parser.push(TOOL_OPEN));
+        const callGrammar = await this.#toolCallGrammar(job, job.tools, true);
+        res = await completion.generateCompletionWithMeta(
+          this.#model.tokenize(prompt + text + TOOL_OPEN, true),
+          {
+            ...options(callGrammar, job.stop, budget - completionTokens),
+            onTextChunk: (chunk) => forward(parser.push(chunk)),
+          },
+        );
+      }
       forward(parser.end());
       const finishReason = res.metadata.stopReason === "maxTokens"
         ? "length"
@@ -163,7 +194,7 @@ export class LlamaChatEngine implements ChatEngine {
         : "stop";
       queue.push({ type: "end", finishReason, completionTokens });
       queue.close();
-    }, (e) => queue.fail(e));
+    })().catch((e) => queue.fail(e));
     try {
       yield { type: "prompt", promptTokens: tokens.length };
       yield* queue;
@@ -177,33 +208,10 @@ export class LlamaChatEngine implements ChatEngine {
   }
 
   async #grammarFor(job: ChatJob): Promise<LlamaGrammar | undefined> {
-    const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
-    if (forced) {
-      const tools = typeof job.toolChoice === "object"
-        ? job.tools.filter((t) => t.name === (job.toolChoice as { name: string }).name)
-        : job.tools;
-      const callSchema = {
-        oneOf: tools.map((t, i) => ({
-          type: "object",
-          properties: {
-            name: { const: t.name },
-            arguments: toGrammarSchema(
-              t.parameters ?? { type: "object" },
-              `tools[${job.tools.indexOf(tools[i])}].function.parameters`,
-            ),
-          },
-          required: ["name", "arguments"],
-          additionalProperties: false,
-        })),
-      };
-      const json = await this.#jsonGrammarText(callSchema);
-      const call = `"<tool_call>\\n" call-json "\\n</tool_call>"`;
-      const more = job.parallelToolCalls ? ` ("\\n" ${call}){0,${MAX_PARALLEL_CALLS - 1}}` : "";
-      return await this.#llama.createGrammar({
-        grammar: `root ::= ${this.#thinkPrefix(job)}${call}${more}\n${
-          json.replace(/^root ::=/m, "call-json ::=")
-        }`,
-      });
+    if (job.toolChoice === "required") return await this.#toolCallGrammar(job, job.tools, false);
+    if (typeof job.toolChoice === "object") {
+      const name = job.toolChoice.name;
+      return await this.#toolCallGrammar(job, job.tools.filter((t) => t.name === name), false);
     }
     if (job.output.type === "text") return undefined;
     const schema = job.output.type === "json_schema"
@@ -216,6 +224,46 @@ export class LlamaChatEngine implements ChatEngine {
     return await this.#llama.createGrammar({
       grammar: `root ::= ${this.#thinkPrefix(job)}payload\n${json.replace(/^root ::=/m, "payload ::=")}`,
     });
+  }
+
+  /**
+   * Tool calls in the model's format: `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>`,
+   * one or (with parallel calls) up to MAX_PARALLEL_CALLS, each matching one tool's schema.
+   * `opened`: the first `<tool_call>` is already written (lazy grammar after the trigger).
+   */
+  async #toolCallGrammar(job: ChatJob, tools: ChatJob["tools"], opened: boolean): Promise<LlamaGrammar> {
+    const callSchema = {
+      oneOf: tools.map((t) => ({
+        type: "object",
+        properties: {
+          name: { const: t.name },
+          arguments: toGrammarSchema(
+            t.parameters ?? { type: "object" },
+            `tools[${job.tools.indexOf(t)}].function.parameters`,
+          ),
+        },
+        required: ["name", "arguments"],
+        additionalProperties: false,
+      })),
+    };
+    const json = await this.#jsonGrammarText(callSchema);
+    const body = `"\\n" call-json "\\n</tool_call>"`;
+    const call = `"${TOOL_OPEN}" ${body}`;
+    const more = job.parallelToolCalls ? ` ("\\n" ${call}){0,${MAX_PARALLEL_CALLS - 1}}` : "";
+    const first = opened ? body : `${this.#thinkPrefix(job)}${call}`;
+    return await this.#llama.createGrammar({
+      grammar: `root ::= ${first}${more}\n${json.replace(/^root ::=/m, "call-json ::=")}`,
+    });
+  }
+
+  /** OpenAI `logit_bias` as node-llama-cpp token biases (-100 = never). */
+  #tokenBias(bias: Record<number, number> | undefined): TokenBias | undefined {
+    if (!bias) return undefined;
+    const out = new TokenBias(this.#model.tokenizer);
+    for (const [token, value] of Object.entries(bias)) {
+      out.set(Number(token) as Token, value <= -100 ? "never" : { logit: value });
+    }
+    return out;
   }
 
   /** With thinking on, a constrained answer may start with a reasoning block. */
