@@ -227,3 +227,17 @@ serverTest("GET /v1/models lists the spec ids and aliases with their load state"
   const health = await (await fetch(`${server.url}/health`)).json();
   assert.deepEqual(health.models.map((m: Json) => m.status), ["loaded", "loaded", "loaded"]);
 });
+
+serverTest("onnx: a long entry and many short ones arriving together all get their own vectors", async () => {
+  const model = "vserve/tiny-embed-onnx";
+  const long = "word ".repeat(4000);
+  const solo = (await embed({ model, input: long })).data[0].embedding;
+  const shorts = Array.from({ length: 12 }, (_, i) => `short ${i}`);
+  const [longRes, ...shortRes] = await Promise.all([
+    embed({ model, input: long }),
+    ...shorts.map((s) => embed({ model, input: s })),
+  ]);
+  longRes.data[0].embedding.forEach((x: number, i: number) => assert.ok(Math.abs(x - solo[i]) < 1e-5));
+  const single = (await embed({ model, input: shorts[5] })).data[0].embedding;
+  shortRes[5].data[0].embedding.forEach((x: number, i: number) => assert.ok(Math.abs(x - single[i]) < 1e-5));
+});

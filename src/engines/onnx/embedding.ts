@@ -33,6 +33,9 @@ export interface OnnxEmbeddingOptions {
   log: Logger;
 }
 
+/** Most padded tokens in one run: bounds activation memory when long and short inputs meet. */
+const MAX_BATCH_TOKENS = 16_384;
+
 interface Pending {
   ids: readonly number[];
   resolve: (v: Float32Array) => void;
@@ -130,12 +133,25 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     return Promise.all(results);
   }
 
+  /** How many queued sequences the next run takes: padded to the longest, within the token budget. */
+  #batchSize(): number {
+    let longest = 0;
+    let n = 0;
+    for (const p of this.#queue) {
+      const width = Math.max(longest, p.ids.length);
+      if (n > 0 && (n >= this.#opts.maxBatch || (n + 1) * width > MAX_BATCH_TOKENS)) break;
+      longest = width;
+      n++;
+    }
+    return n;
+  }
+
   async #drain() {
     if (this.#running) return;
     this.#running = true;
     try {
       while (this.#queue.length > 0) {
-        const batch = this.#queue.splice(0, this.#opts.maxBatch);
+        const batch = this.#queue.splice(0, this.#batchSize());
         try {
           const vectors = await this.#run(batch.map((p) => p.ids));
           batch.forEach((p, i) => p.resolve(vectors[i]));
