@@ -11,6 +11,9 @@ import { silentLogger } from "../src/log.ts";
 import { engineThreads, llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { LlamaChatEngine } from "../src/engines/llama/chat.ts";
 import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
+import { OnnxEmbeddingEngine } from "../src/engines/onnx/embedding.ts";
+import type { EmbeddingEngine } from "../src/engines/types.ts";
+import { qwen3TokenizerJsonPath } from "../src/models/qwen3_vocab.ts";
 import { toJob } from "../src/services/chat.ts";
 import type { ChatRequest } from "../src/protocol/chat.ts";
 import { markdownReport, percentile, type Row, summarize } from "./stats.ts";
@@ -24,6 +27,7 @@ const { values: opt } = parseArgs({
     reps: { type: "string" },
     scenarios: { type: "string", default: "chat,concurrency,embeddings,overhead" },
     threads: { type: "string" },
+    "embed-backend": { type: "string", default: "llama" },
     out: { type: "string", default: "bench/results" },
     "baseline-url": { type: "string" },
     "baseline-key": { type: "string", default: "none" },
@@ -48,7 +52,9 @@ const decodeTokens = quick ? 32 : 128;
 const promptWords = quick ? 120 : 400; // ~1.25 tokens per word: ~500 tokens in full mode
 const concurrency = quick ? [1, 4] : [1, 2, 4, 8];
 const chatPreset = opt.tiny ? "tiny-chat" : "bench-chat";
-const embedPreset = opt.tiny ? "tiny-embed" : "bench-embed";
+const onnxEmbed = opt["embed-backend"] === "onnx";
+// The ONNX path has one preset (a small graph over the Qwen3 vocabulary): it shows batching, not model speed.
+const embedPreset = onnxEmbed ? "tiny-embed-onnx" : opt.tiny ? "tiny-embed" : "bench-embed";
 const CHAT = "bench/chat";
 const EMBED = "bench/embed";
 const KEY = "bench-key";
@@ -69,13 +75,23 @@ await Deno.writeTextFile(
   JSON.stringify({
     models: [
       { id: CHAT, kind: "chat", source: chatPath, contextSize: chatCtx, parallel: chatParallel },
-      {
-        id: EMBED,
-        kind: "embedding",
-        source: embedPath,
-        maxInputTokens: embedMaxTokens,
-        parallel: embedParallel,
-      },
+      onnxEmbed
+        ? {
+          id: EMBED,
+          kind: "embedding",
+          backend: "onnx",
+          source: embedPath,
+          tokenizer: "builtin:qwen3",
+          pooling: "mean",
+          maxInputTokens: embedMaxTokens,
+        }
+        : {
+          id: EMBED,
+          kind: "embedding",
+          source: embedPath,
+          maxInputTokens: embedMaxTokens,
+          parallel: embedParallel,
+        },
     ],
   }),
 );
@@ -93,12 +109,22 @@ const chatEngine = await LlamaChatEngine.load(llama, {
   contextSize: chatCtx,
   log: silentLogger,
 });
-const embedEngine = await LlamaEmbeddingEngine.load(llama, {
-  modelPath: embedPath,
-  threads,
-  parallel: embedParallel,
-  maxInputTokens: embedMaxTokens,
-});
+const embedEngine: EmbeddingEngine = onnxEmbed
+  ? (await OnnxEmbeddingEngine.load({
+    modelPath: embedPath,
+    tokenizerPath: qwen3TokenizerJsonPath(),
+    pooling: "mean",
+    threads,
+    gpu: "cpu",
+    maxBatch: 64,
+    log: silentLogger,
+  })).engine
+  : await LlamaEmbeddingEngine.load(llama, {
+    modelPath: embedPath,
+    threads,
+    parallel: embedParallel,
+    maxInputTokens: embedMaxTokens,
+  });
 
 const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
 const baseline = opt["baseline-url"]
@@ -268,8 +294,9 @@ async function chatConcurrency() {
 }
 
 async function embeddings() {
-  const tokenized = await Promise.all(SENTENCES.map((s) => embedEngine.tokenize(s)));
-  const doc = await embedEngine.tokenize(DOCUMENT);
+  // The in-process side tokenizes inside the timed region too: the server does the same work.
+  const tokenizeAll = (texts: string[]) => Promise.all(texts.map((s) => embedEngine.tokenize(s)));
+  const docTokens = (await embedEngine.tokenize(DOCUMENT)).length;
   const cases: [
     string,
     string,
@@ -281,7 +308,7 @@ async function embeddings() {
       `${SENTENCE_COUNT} sentences in one request`,
       "embeddings/s",
       () => client.embeddings.create({ model: EMBED, input: SENTENCES }),
-      () => embedEngine.embed(tokenized),
+      async () => embedEngine.embed(await tokenizeAll(SENTENCES)),
       baseline && opt["baseline-embedding-model"]
         ? () => baseline.embeddings.create({ model: opt["baseline-embedding-model"]!, input: SENTENCES })
         : undefined,
@@ -290,7 +317,7 @@ async function embeddings() {
       `${SENTENCE_COUNT} concurrent single-sentence requests`,
       "embeddings/s",
       () => Promise.all(SENTENCES.map((s) => client.embeddings.create({ model: EMBED, input: s }))),
-      () => Promise.all(tokenized.map((t) => embedEngine.embed([t]))),
+      () => Promise.all(SENTENCES.map(async (s) => embedEngine.embed([await embedEngine.tokenize(s)]))),
       baseline && opt["baseline-embedding-model"]
         ? () =>
           Promise.all(
@@ -307,7 +334,7 @@ async function embeddings() {
         for (const s of SENTENCES) await client.embeddings.create({ model: EMBED, input: s });
       },
       async () => {
-        for (const t of tokenized) await embedEngine.embed([t]);
+        for (const s of SENTENCES) await embedEngine.embed([await embedEngine.tokenize(s)]);
       },
       undefined,
     ],
@@ -331,10 +358,10 @@ async function embeddings() {
     await client.embeddings.create({ model: EMBED, input: DOCUMENT });
     docSamples[0].push(performance.now() - t0);
     t0 = performance.now();
-    await embedEngine.embed([doc]);
+    await embedEngine.embed([await embedEngine.tokenize(DOCUMENT)]);
     docSamples[1].push(performance.now() - t0);
   }
-  record("embeddings", `one ${doc.length}-token document`, "ms", "lower", {
+  record("embeddings", `one ${docTokens}-token document`, "ms", "lower", {
     http: docSamples[0],
     inProcess: docSamples[1],
   });
@@ -440,7 +467,7 @@ const meta = {
   date: new Date().toISOString().slice(0, 16).replace("T", " "),
   cores: navigator.hardwareConcurrency,
   threads,
-  models: `${chatPreset}, ${embedPreset}`,
+  models: `${chatPreset}, ${embedPreset}${onnxEmbed ? " (onnx)" : ""}`,
   reps,
   mode: quick ? "quick" : "full",
   deno: Deno.version.deno,
