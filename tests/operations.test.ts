@@ -66,6 +66,10 @@ serverTest("a model that fails to load is reported in /health with its reason, a
     }
     assert.equal(health.models[0].status, "failed");
     assert.ok(health.models[0].error.length > 0);
+    assert.ok(
+      !health.models[0].error.includes(bad.slice(0, bad.lastIndexOf("/"))),
+      "no directory in /health",
+    );
     const res = await postJson(`${server.url}/v1/chat/completions`, { model: "broken", messages: user }, KEY);
     assertApiError(res, 503, { code: "model_failed" });
     assert.ok(!res.body.error.message.includes(bad), "no file path in the error body");

@@ -63,6 +63,8 @@ const server = await startServer(
     `${dir}/live.key`,
     "--ops-auth",
     "on",
+    "--cors-origin",
+    "https://app.example",
   ],
   { waitReady: true, client },
 );
@@ -163,6 +165,20 @@ serverTest("with --ops-auth on, /metrics and /health/ready need a key; /health d
   const live = await tlsFetch(`${server.url}/health`);
   assert.equal(live.status, 200);
   await live.body?.cancel();
+});
+
+serverTest("CORS answers configured origins only, preflight included", async () => {
+  const pre = await tlsFetch(`${server.url}/v1/chat/completions`, {
+    method: "OPTIONS",
+    headers: { origin: "https://app.example", "access-control-request-method": "POST" },
+  });
+  await pre.body?.cancel();
+  assert.equal(pre.status, 204);
+  assert.equal(pre.headers.get("access-control-allow-origin"), "https://app.example");
+  assert.match(pre.headers.get("access-control-allow-headers") ?? "", /authorization/);
+  const other = await tlsFetch(`${server.url}/health`, { headers: { origin: "https://evil.example" } });
+  await other.body?.cancel();
+  assert.equal(other.headers.get("access-control-allow-origin"), null);
 });
 
 serverTest("responses carry nosniff and no server banner", async () => {

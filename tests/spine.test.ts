@@ -233,6 +233,25 @@ serverTest("keys never appear in the log", () => {
   return Promise.resolve();
 });
 
+serverTest("CORS is off unless origins are configured", async () => {
+  const res = await fetch(`${url}/v1/models`, {
+    headers: { authorization: `Bearer ${KEY}`, origin: "https://evil.example" },
+  });
+  await res.body?.cancel();
+  assert.equal(res.headers.get("access-control-allow-origin"), null);
+});
+
+Deno.test({
+  name: "plain HTTP on a non-loopback address starts with a warning",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const s = await startServer(["--host", "0.0.0.0", "--api-key", "k"]);
+    await s.stop();
+    assert.ok(s.logs.some((l) => l.includes("serving plain HTTP on a non-loopback address")));
+  },
+});
+
 Deno.test("no key on a non-loopback address refuses to start", async () => {
   const out = await runMain(["--host", "0.0.0.0", "--port", "0"]);
   assert.equal(out.code, 2);
