@@ -355,6 +355,41 @@ serverTest(
   },
 );
 
+serverTest(
+  "thinking on: reasoning goes to reasoning_content (and reasoning), never into content",
+  async () => {
+    // logit_bias makes the random model open <think> (151667) and, a few tokens later, close it (151668);
+    // the JSON schema then constrains the answer after the reasoning block.
+    const schema = { type: "object", properties: { mood: { enum: ["happy", "sad"] } }, required: ["mood"] };
+    const request = (seed: number) => ({
+      model: MODEL,
+      messages: user("Think, then answer"),
+      max_tokens: 160,
+      seed,
+      chat_template_kwargs: { enable_thinking: true },
+      logit_bias: { "151667": 100, "151668": 10 },
+      response_format: { type: "json_schema", json_schema: { name: "answer", schema } },
+    });
+    let found: { seed: number; body: Json } | undefined;
+    for (let seed = 1; seed <= 12 && !found; seed++) {
+      const res = await postJson(url, request(seed), KEY);
+      assert.equal(res.status, 200);
+      const m = res.body.choices[0].message;
+      if (res.body.choices[0].finish_reason !== "stop") continue;
+      assert.ok(!m.content.includes("<think>") && !m.content.includes("</think>"), m.content);
+      assert.ok(ajv.validate(schema, JSON.parse(m.content)), m.content);
+      if (m.reasoning_content) found = { seed, body: res.body };
+    }
+    assert.ok(found, "some seed produced reasoning followed by an answer");
+    const message = found.body.choices[0].message;
+    assert.equal(message.reasoning, message.reasoning_content);
+    const events = await streamEvents(request(found.seed));
+    const deltas = events.slice(0, -1).map((e) => JSON.parse(e).choices[0]?.delta ?? {});
+    assert.equal(deltas.map((d: Json) => d.reasoning_content ?? "").join(""), message.reasoning_content);
+    assert.equal(deltas.map((d: Json) => d.content ?? "").join(""), message.content);
+  },
+);
+
 serverTest("history with all four roles, tool calls and reasoning is accepted", async () => {
   const res = await client.chat.completions.create({
     model: MODEL,

@@ -268,7 +268,7 @@ export class LlamaChatEngine implements ChatEngine {
 
   /** With thinking on, a constrained answer may start with a reasoning block. */
   #thinkPrefix(job: ChatJob): string {
-    return job.enableThinking ? `("<think>" [^<]* "</think>" "\\n"*)? ` : "";
+    return job.enableThinking ? `("<think>" [^<]* "</think>" "\\n"{0,2})? ` : "";
   }
 
   async #jsonGrammarText(schema: unknown): Promise<string> {
