@@ -204,7 +204,7 @@ async function engineStream(content: string, maxTokens: number): Promise<StreamT
   for await (const ev of chatEngine.generate(toJob(request, false), new AbortController().signal)) {
     if (ev.type === "prompt") promptTokens = ev.promptTokens;
     else if (ev.type === "end") completionTokens = ev.completionTokens;
-    else if (Number.isNaN(first)) first = performance.now();
+    else if (ev.type !== "first_token" && Number.isNaN(first)) first = performance.now();
   }
   return { start, first, end: performance.now(), promptTokens, completionTokens };
 }

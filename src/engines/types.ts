@@ -75,9 +75,11 @@ export interface ChatJob {
   enableThinking: boolean;
 }
 
-/** What a generation yields, in order: `prompt` once, then text and calls, then `end` once. */
+/** What a generation yields, in order: `prompt` once, then `first_token`, text and calls, then `end` once. */
 export type ChatEvent =
   | { type: "prompt"; promptTokens: number }
+  /** The first token was generated (visible text may come later, or never). */
+  | { type: "first_token" }
   | { type: "content"; text: string }
   | { type: "reasoning"; text: string }
   | { type: "tool_call"; call: EngineToolCall }

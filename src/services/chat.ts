@@ -87,13 +87,13 @@ function toApiError(e: unknown, signal: AbortSignal): ApiError {
   return new ApiError(500, "server_error", "The model failed while generating.", null, "generation_failed");
 }
 
-/** Calls `ctx.onFirstToken` when the first generated text or call passes by. */
+/** Calls `ctx.onFirstToken` when the engine reports the first generated token. */
 function withFirstToken(events: AsyncIterator<ChatEvent>, ctx: ChatContext): AsyncIterator<ChatEvent> {
   let seen = false;
   return {
     async next() {
       const r = await events.next();
-      if (!seen && !r.done && r.value.type !== "prompt" && r.value.type !== "end") {
+      if (!seen && !r.done && r.value.type === "first_token") {
         seen = true;
         ctx.onFirstToken?.();
       }

@@ -159,7 +159,10 @@ export class LlamaChatEngine implements ChatEngine {
       grammar: phaseGrammar,
       customStopTriggers: triggers.length > 0 ? triggers : undefined,
       signal: stop.signal,
-      onToken: (t: readonly unknown[]) => void (completionTokens += t.length),
+      onToken: (t: readonly unknown[]) => {
+        if (completionTokens === 0 && t.length > 0) queue.push({ type: "first_token" });
+        completionTokens += t.length;
+      },
     });
     // With tool_choice auto, text is free until the model opens a tool call; the call itself is then
     // generated under the tool-call grammar (a lazy grammar, as llama-server does it).
