@@ -265,6 +265,36 @@ serverTest(
   },
 );
 
+serverTest(
+  "tool_choice auto with a schema the grammar cannot enforce still answers (no grammar)",
+  async () => {
+    const tools = [{
+      type: "function" as const,
+      function: {
+        name: "count",
+        parameters: { type: "object", properties: { n: { type: "integer", minimum: 1 } } },
+      },
+    }];
+    const res = await client.chat.completions.create({
+      model: MODEL,
+      messages: user("Count"),
+      tools,
+      max_tokens: 4,
+      seed: 1,
+    });
+    assert.equal(res.choices[0].finish_reason, "length");
+    await assert.rejects(
+      client.chat.completions.create({
+        model: MODEL,
+        messages: user("Count"),
+        tools,
+        tool_choice: "required",
+      }),
+      (e: Error & { status?: number }) => e.status === 400 && /minimum/.test(e.message),
+    );
+  },
+);
+
 serverTest("tool_choice none gives no calls and leaves the tools out of the prompt", async () => {
   const base = { model: MODEL, messages: user("Hi"), max_tokens: 4, seed: 1 };
   const none = await client.chat.completions.create({ ...base, tools: TOOLS, tool_choice: "none" });

@@ -111,6 +111,9 @@ export class LlamaChatEngine implements ChatEngine {
       );
     }
     const grammar = await this.#grammarFor(job);
+    const callGrammar = grammar === undefined && job.toolChoice === "auto" && job.tools.length > 0
+      ? await this.#lazyCallGrammar(job)
+      : undefined;
     signal.throwIfAborted();
     const sequence = await this.#acquire(signal);
     const stop = new AbortController();
@@ -166,7 +169,7 @@ export class LlamaChatEngine implements ChatEngine {
     });
     // With tool_choice auto, text is free until the model opens a tool call; the call itself is then
     // generated under the tool-call grammar (a lazy grammar, as llama-server does it).
-    const lazyCalls = grammar === undefined && job.toolChoice === "auto" && job.tools.length > 0;
+    const lazyCalls = callGrammar !== undefined;
     const run = (async () => {
       let text = "";
       let res = await completion.generateCompletionWithMeta(tokens, {
@@ -180,7 +183,6 @@ export class LlamaChatEngine implements ChatEngine {
         res.metadata.customStopTrigger.join("") === TOOL_OPEN;
       if (lazyCalls && opened && budget - completionTokens > 0) {
         forward(parser.push(TOOL_OPEN));
-        const callGrammar = await this.#toolCallGrammar(job, job.tools, true);
         res = await completion.generateCompletionWithMeta(
           this.#model.tokenize(prompt + text + TOOL_OPEN, true),
           {
@@ -257,6 +259,20 @@ export class LlamaChatEngine implements ChatEngine {
     return await this.#llama.createGrammar({
       grammar: `root ::= ${first}${more}\n${json.replace(/^root ::=/m, "call-json ::=")}`,
     });
+  }
+
+  /**
+   * The grammar for calls the model opens under `auto`, or none when a tool's schema cannot be
+   * enforced: `auto` promises no grammar, so such calls are parsed from free text instead of failing.
+   */
+  async #lazyCallGrammar(job: ChatJob): Promise<LlamaGrammar | undefined> {
+    try {
+      return await this.#toolCallGrammar(job, job.tools, true);
+    } catch (e) {
+      if (!(e instanceof EngineInputError)) throw e;
+      this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
+      return undefined;
+    }
   }
 
   /** OpenAI `logit_bias` as node-llama-cpp token biases (-100 = never). */
