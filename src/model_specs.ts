@@ -1,6 +1,7 @@
 /** Which models to serve: the registry file, a config file's `models`, or model-path flags. */
 import type { Config } from "./config.ts";
 import { type ModelSpec, parseRegistry } from "./registry.ts";
+import { checkModelFile } from "./models/sources.ts";
 import defaultRegistry from "../models/models.json" with { type: "json" };
 
 /** The spec's model ids: what clients name, whatever file serves them. */
@@ -71,9 +72,7 @@ function fromPathFlags(config: Config): unknown[] {
 
 async function checkLocalFile(spec: ModelSpec): Promise<void> {
   if (/^(builtin|hf):/.test(spec.source)) return;
-  const path = spec.source.startsWith("file:") ? new URL(spec.source).pathname : spec.source;
-  const stat = await Deno.stat(path).catch((e: Error) => {
-    throw new Error(`model '${spec.id}': model file '${path}' cannot be read: ${e.message}`);
+  await checkModelFile(spec.source).catch((e: Error) => {
+    throw new Error(`model '${spec.id}': ${e.message}`);
   });
-  if (!stat.isFile) throw new Error(`model '${spec.id}': model file '${path}' is not a regular file`);
 }

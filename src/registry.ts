@@ -3,7 +3,7 @@
  * so a model name in a request never reaches the filesystem.
  */
 import { z } from "zod";
-import { ApiError, badRequest, modelNotFound } from "./http/errors.ts";
+import { ApiError, badRequest, formatPath, modelNotFound } from "./http/errors.ts";
 import type { ChatEngine, EmbeddingEngine } from "./engines/types.ts";
 import type { Logger } from "./log.ts";
 
@@ -68,9 +68,7 @@ export function parseRegistry(json: unknown, origin: string): ModelSpec[] {
   const r = RegistryFileSchema.safeParse(json);
   if (r.success) return r.data.models;
   const issue = r.error.issues[0];
-  const where = issue.path.map((p) => typeof p === "number" ? `[${p}]` : `.${String(p)}`).join("")
-    .replace(/^\./, "");
-  throw new Error(`${origin}: ${where || "(top level)"}: ${issue.message}`);
+  throw new Error(`${origin}: ${formatPath(issue.path) ?? "(top level)"}: ${issue.message}`);
 }
 
 /** Load state of a model. */

@@ -40,6 +40,9 @@ await Deno.copyFile(`${dir}/one.pem`, `${dir}/live.pem`);
 await Deno.copyFile(`${dir}/one.key`, `${dir}/live.key`);
 const client = Deno.createHttpClient({ caCerts: [await Deno.readTextFile(`${dir}/ca.pem`)] });
 const tlsFetch = (input: string | URL | Request, init: RequestInit = {}) => fetch(input, { ...init, client });
+/** POSTs JSON to the TLS server with `key`. */
+const post = (path: string, body: unknown, key: string | null) =>
+  postJson(`${server.url}${path}`, body, key, {}, client);
 
 const hashed = createHash("sha256").update("hashed-secret-value").digest("hex");
 const keyFile = `${dir}/keys`;
@@ -116,22 +119,18 @@ serverTest("hashed keys are accepted and logged by name, never by value", async 
 });
 
 serverTest("a key restricted to some models gets 404 for the others and sees only its own", async () => {
-  const headers = { authorization: "Bearer embed-only-secret", "content-type": "application/json" };
-  const chat = await tlsFetch(`${server.url}/v1/chat/completions`, {
-    method: "POST",
-    headers,
-    body: JSON.stringify({ model: CHAT, messages: [{ role: "user", content: "x" }] }),
-  });
-  assertApiError({ status: chat.status, body: await chat.json() }, 404, { code: "model_not_found" });
-  const list = await (await tlsFetch(`${server.url}/v1/models`, { headers })).json();
+  const key = "embed-only-secret";
+  const chat = await post(
+    "/v1/chat/completions",
+    { model: CHAT, messages: [{ role: "user", content: "x" }] },
+    key,
+  );
+  assertApiError(chat, 404, { code: "model_not_found" });
+  const list =
+    await (await tlsFetch(`${server.url}/v1/models`, { headers: { authorization: `Bearer ${key}` } }))
+      .json();
   assert.deepEqual(list.data.map((m: Json) => m.id).sort(), [EMBED, "tiny-embed"]);
-  const emb = await tlsFetch(`${server.url}/v1/embeddings`, {
-    method: "POST",
-    headers,
-    body: JSON.stringify({ model: EMBED, input: "allowed" }),
-  });
-  assert.equal(emb.status, 200);
-  await emb.body?.cancel();
+  assert.equal((await post("/v1/embeddings", { model: EMBED, input: "allowed" }, key)).status, 200);
 });
 
 serverTest("a per-key request rate limit answers 429 with Retry-After and x-ratelimit headers", async () => {
@@ -222,23 +221,14 @@ serverTest(
 );
 
 serverTest("no key and no message text ever appear in the logs", async () => {
-  await postJson(`${server.url}/v1/models`, {}, null).catch(() => {});
-  const res = await tlsFetch(`${server.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { authorization: "Bearer hashed-secret-value", "content-type": "application/json" },
-    body: JSON.stringify({
-      model: CHAT,
-      messages: [{ role: "user", content: "PURPLE-ELEPHANT-42" }],
-      max_tokens: 2,
-    }),
-  });
-  await res.body?.cancel();
-  const bad = await tlsFetch(`${server.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: { authorization: "Bearer WRONG-SECRET-9", "content-type": "application/json" },
-    body: "{}",
-  });
-  await bad.body?.cancel();
+  assert.equal((await post("/v1/chat/completions", { model: CHAT, messages: [] }, null)).status, 401);
+  const ok = await post("/v1/chat/completions", {
+    model: CHAT,
+    messages: [{ role: "user", content: "PURPLE-ELEPHANT-42" }],
+    max_tokens: 2,
+  }, "hashed-secret-value");
+  assert.equal(ok.status, 200);
+  assert.equal((await post("/v1/chat/completions", {}, "WRONG-SECRET-9")).status, 401);
   const logs = server.logs.join("\n");
   for (
     const secret of [

@@ -22,6 +22,14 @@ export async function resolveSource(source: string, opts: SourceOptions): Promis
   if (source.startsWith("hf:")) {
     return await fetchFromHub(source, { ...opts, progress: Deno.stderr.isTerminal() });
   }
+  return await checkModelFile(source);
+}
+
+/**
+ * The path of a plain file source (a path or a `file:` URL), after checking that it is a readable
+ * regular file; the error names the file. `builtin:` and `hf:` sources are not files yet.
+ */
+export async function checkModelFile(source: string): Promise<string> {
   const path = source.startsWith("file:") ? new URL(source).pathname : source;
   let stat: Deno.FileInfo;
   try {

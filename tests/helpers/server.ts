@@ -125,14 +125,16 @@ export async function runMain(args: string[], env: Record<string, string> = {}) 
   return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }
 
-/** POSTs JSON with a bearer key; returns status, headers and parsed body. */
+/** POSTs JSON with a bearer key (over `client` when given, e.g. for a test CA); returns status, headers and parsed body. */
 export async function postJson(
   url: string,
   body: unknown,
   key: string | null = "test-key",
   headers: Record<string, string> = {},
+  client?: Deno.HttpClient,
 ): Promise<{ status: number; headers: Headers; body: Json }> {
   const res = await fetch(url, {
+    ...(client ? { client } : {}),
     method: "POST",
     headers: {
       "content-type": "application/json",
