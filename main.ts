@@ -8,7 +8,7 @@ import { KeyRing, RateLimiter } from "./src/http/auth.ts";
 import { readTlsFiles, type TlsFiles } from "./src/http/tls.ts";
 import { Registry } from "./src/registry.ts";
 import { createServer, type Lifecycle } from "./src/server.ts";
-import { Gauge, Metrics } from "./src/metrics.ts";
+import { CounterReader, Gauge, Metrics } from "./src/metrics.ts";
 import { resolveModelSpecs } from "./src/model_specs.ts";
 import { loadEngine } from "./src/engines/load.ts";
 
@@ -180,7 +180,22 @@ async function main(): Promise<number> {
 /** The metrics, with gauges read from the registry at scrape time. */
 function createMetrics(registry: Registry): Metrics {
   const stateValue = { loading: 0, loaded: 1, failed: -1 } as const;
+  const engineCounter = (name: string, help: string) =>
+    new CounterReader(`vserve_engine_${name}_total`, help, () =>
+      registry.slots.flatMap((s) => {
+        const value = s.engine?.counters?.()[name];
+        return value === undefined ? [] : [[{ model: s.spec.id }, value] as [Record<string, string>, number]];
+      }));
   return new Metrics([
+    engineCounter("prompt_tokens_evaluated", "Prompt tokens run through the model (reused ones excluded)."),
+    engineCounter("prompt_tokens_reused", "Prompt tokens taken from an earlier request's state."),
+    engineCounter("tokens_generated", "Tokens sampled, all choices."),
+    engineCounter("decodes", "Model evaluations (batches)."),
+    engineCounter("batched_tokens", "Tokens in all batches (with decodes: the mean batch size)."),
+    engineCounter("checkpoints_saved", "Recurrent-state checkpoints taken (hybrid models)."),
+    engineCounter("checkpoints_restored", "Recurrent-state checkpoints restored (hybrid models)."),
+    engineCounter("tokens_evaluated", "Embedding tokens run through the model."),
+    engineCounter("inputs_embedded", "Embedding inputs finished."),
     new Gauge(
       "vserve_model_state",
       "Model load state: 0 loading, 1 loaded, -1 failed.",

@@ -47,6 +47,15 @@ export class Gauge implements Family {
   }
 }
 
+/** A count kept elsewhere (e.g. by an engine), read at scrape time. */
+export class CounterReader implements Family {
+  readonly type = "counter";
+  constructor(readonly name: string, readonly help: string, readonly collect: () => [Labels, number][]) {}
+  render(): string[] {
+    return this.collect().map(([l, v]) => `${this.name}${Object.keys(l).length ? `{${key(l)}}` : ""} ${v}`);
+  }
+}
+
 /** Observations counted into cumulative buckets, with sum and count. */
 export class Histogram implements Family {
   readonly type = "histogram";
@@ -104,7 +113,7 @@ export class Metrics {
   );
   readonly #families: Family[];
 
-  constructor(collectors: Gauge[] = []) {
+  constructor(collectors: (Gauge | CounterReader)[] = []) {
     this.#families = [
       this.requests,
       this.duration,

@@ -34,8 +34,10 @@ export const ModelSpecSchema = z.object({
   /** Matryoshka support: `dimensions` accepted from `minDims` to the native size. */
   matryoshka: z.boolean().default(true),
   minDims: z.number().int().min(1).default(32),
-  /** Default of `chat_template_kwargs.enable_thinking`. */
-  thinking: z.boolean().default(false),
+  /** Default of `chat_template_kwargs.enable_thinking`; absent: what the chat template does. */
+  thinking: z.boolean().optional(),
+  /** Tool-call dialect; absent: read from the chat template (`<function=…>` = xml, else json). */
+  toolFormat: z.enum(["json", "xml"]).optional(),
 }).strict();
 export type ModelSpec = z.infer<typeof ModelSpecSchema>;
 

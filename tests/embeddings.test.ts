@@ -21,7 +21,7 @@ const tokenizer = new Tokenizer(
 
 /** The two backends, with how many tokens each adds to the text's own tokens. */
 const BACKENDS = [
-  { name: "llama", model: "Vendor/Vendor3-Embedding-8B", added: 1, native: 128 },
+  { name: "llama", model: "Vendor/Vendor3-Embedding-8B", added: 1, native: 4096 },
   { name: "onnx", model: "vserve/tiny-embed-onnx", added: 0, native: 128 },
 ];
 
@@ -49,7 +49,7 @@ for (const b of BACKENDS) {
     assert.ok(Math.abs(norm(res.data[0].embedding) - 1) < 1e-5);
   });
 
-  for (const dims of [32, 64, 100, 128]) {
+  for (const dims of b.native === 4096 ? [32, 512, 768, 1024, 1536, 2048, 4096] : [32, 64, 100, 128]) {
     serverTest(`${b.name}: dimensions=${dims} returns ${dims} unit-norm floats for every entry`, async () => {
       const res = await embed({ model, input: ["alpha", "beta gamma", "δέλτα 你好 🙂"], dimensions: dims });
       for (const d of res.data) {
@@ -125,11 +125,11 @@ for (const b of BACKENDS) {
     assert.ok(cosine(a, s) < 0.99999, "vectors are not degenerate");
   });
 
-  for (const [what, dims] of [["below 32", 31], ["above native", 129], ["zero", 0]] as const) {
+  for (const [what, dims] of [["below 32", 31], ["above native", b.native + 1], ["zero", 0]] as const) {
     serverTest(`${b.name}: dimensions ${what} is 400 param dimensions stating the range`, async () => {
       const res = await postJson(url, { model, input: "x", dimensions: dims }, KEY);
       assertApiError(res, 400, { param: "dimensions", type: "invalid_request_error" });
-      assert.match(res.body.error.message, /32 to 128/);
+      assert.match(res.body.error.message, new RegExp(`32 to ${b.native}`));
     });
   }
 
@@ -183,9 +183,9 @@ serverTest("a chat model in /v1/embeddings is 400 wrong_model_kind", async () =>
 });
 
 serverTest("an alias serves the same model", async () => {
-  const a = await embed({ model: "tiny-embed", input: "alias" });
+  const a = await embed({ model: "spec-embed", input: "alias" });
   const b = await embed({ model, input: "alias" });
-  assert.equal(a.model, "tiny-embed");
+  assert.equal(a.model, "spec-embed");
   assert.deepEqual(a.data[0].embedding, b.data[0].embedding);
 });
 
@@ -211,7 +211,15 @@ serverTest("GET /v1/models lists the spec ids and aliases with their load state"
   const res = await fetch(`${server.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } });
   const list = await res.json();
   const ids = list.data.map((m: Json) => m.id);
-  for (const id of ["Vendor/Vendor3.6-35B-A3B", "Vendor/Vendor3-Embedding-8B", "tiny-chat", "tiny-embed"]) {
+  for (
+    const id of [
+      "Vendor/Vendor3.6-35B-A3B",
+      "Vendor/Vendor3-Embedding-8B",
+      "tiny-moe",
+      "tiny-chat",
+      "spec-embed",
+    ]
+  ) {
     assert.ok(ids.includes(id), id);
   }
   for (const m of list.data) {
@@ -225,7 +233,7 @@ serverTest("GET /v1/models lists the spec ids and aliases with their load state"
   });
   assert.equal((await one.json()).id, "Vendor/Vendor3-Embedding-8B");
   const health = await (await fetch(`${server.url}/health`)).json();
-  assert.deepEqual(health.models.map((m: Json) => m.status), ["loaded", "loaded", "loaded"]);
+  assert.deepEqual(health.models.map((m: Json) => m.status), ["loaded", "loaded", "loaded", "loaded"]);
 });
 
 serverTest("onnx: a long entry and many short ones arriving together all get their own vectors", async () => {

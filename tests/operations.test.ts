@@ -228,7 +228,7 @@ serverTest("20 streams cut mid-way: every slot freed, memory steady, normal requ
       if (health.models.every((m: Json) => m.in_flight === 0)) break;
       await new Promise((r) => setTimeout(r, 50));
     }
-    assert.deepEqual(health.models.map((m: Json) => m.in_flight), [0, 0, 0]);
+    assert.ok(health.models.every((m: Json) => m.in_flight === 0), JSON.stringify(health.models));
     const ok = await Promise.all(
       [0, 1, 2, 3].map((seed) =>
         postJson(

@@ -1,109 +1,185 @@
-/** Unit tests of the chat output parser, JSON-schema checks and grammar adjustments. */
+/** Unit tests of output parsing (both tool-call dialects), stop sequences and sampling. */
 import assert from "node:assert/strict";
-import { type ParsedPiece, QwenOutputParser } from "../src/engines/llama/output_parser.ts";
-import { toGrammarSchema } from "../src/engines/llama/json_schema.ts";
-import { tightenJsonGrammar } from "../src/engines/llama/chat.ts";
-import { EngineInputError } from "../src/engines/types.ts";
+import { OutputParser, type OutputPiece } from "../src/engines/llama/output_parser.ts";
+import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
+import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
+import { dialectOfTemplate } from "../src/engines/llama/dialects/index.ts";
+import type { ToolDialect } from "../src/engines/llama/dialects/types.ts";
+import { StopMatcher } from "../src/engines/llama/stop_strings.ts";
+import { logprobsOf, type SamplingParams, TokenSampler, topTokens } from "../src/engines/llama/sampler.ts";
+import type { EngineTool } from "../src/engines/types.ts";
 
-function parseAll(chunks: string[], startInReasoning = false): ParsedPiece[] {
-  const p = new QwenOutputParser(startInReasoning);
-  const out = chunks.flatMap((c) => p.push(c));
-  out.push(...p.end());
-  // Merge neighbours of one type, as a client concatenating deltas would see them.
-  return out.reduce<ParsedPiece[]>((acc, x) => {
-    const last = acc.at(-1);
-    if (last && last.type === x.type && (x.type === "content" || x.type === "reasoning")) {
-      (last as { text: string }).text += (x as { text: string }).text;
-    } else acc.push({ ...x });
-    return acc;
-  }, []);
+const TOOLS: EngineTool[] = [
+  {
+    name: "get_weather",
+    parameters: {
+      type: "object",
+      properties: { city: { type: "string" }, days: { type: "integer" }, units: { enum: ["c", "f"] } },
+      required: ["city"],
+    },
+  },
+  { name: "ping", parameters: { type: "object", properties: {} } },
+];
+
+interface Call {
+  name: string;
+  arguments: string;
+  complete: boolean;
+}
+
+/** Runs the parser over chunks and folds the pieces as a client reading deltas would. */
+function parse(dialect: ToolDialect, chunks: string[], startInReasoning = false, tools = TOOLS) {
+  const p = new OutputParser(dialect, tools, startInReasoning);
+  const pieces: OutputPiece[] = [...chunks.flatMap((c) => p.push(c)), ...p.end()];
+  let content = "";
+  let reasoning = "";
+  const calls: Call[] = [];
+  for (const x of pieces) {
+    if (x.type === "content") content += x.text;
+    else if (x.type === "reasoning") reasoning += x.text;
+    else if (x.type === "call_start") calls[x.index] = { name: x.name, arguments: "", complete: false };
+    else if (x.type === "call_arguments") calls[x.index].arguments += x.text;
+    else if (x.type === "call_end") calls[x.index].complete = x.complete;
+  }
+  return { content, reasoning, calls };
+}
+
+/** Every way of cutting `text` into two chunks, plus one character at a time. */
+function splits(text: string): string[][] {
+  const out: string[][] = [[text], Array.from(text)];
+  for (let i = 1; i < text.length; i += 3) out.push([text.slice(0, i), text.slice(i)]);
+  return out;
 }
 
 Deno.test("parser: thinking goes to reasoning and never into content", () => {
-  assert.deepEqual(parseAll(["<think>\nplan it\n</think>\n\nHello"]), [
-    { type: "reasoning", text: "\nplan it\n" },
-    { type: "content", text: "Hello" },
-  ]);
-});
-
-Deno.test("parser: tags split across chunks are recognised", () => {
-  assert.deepEqual(
-    parseAll(["<thi", "nk>a</th", "ink>b<tool", '_call>{"name":"f","arguments":{"x":1}}</tool_', "call>"]),
-    [
-      { type: "reasoning", text: "a" },
-      { type: "content", text: "b" },
-      { type: "tool_call", name: "f", arguments: '{"x":1}' },
-    ],
-  );
-});
-
-Deno.test("parser: a prompt that opened <think> starts in reasoning", () => {
-  assert.deepEqual(parseAll(["deep</think>answer"], true), [
-    { type: "reasoning", text: "deep" },
-    { type: "content", text: "answer" },
-  ]);
-});
-
-Deno.test("parser: several tool calls keep the model's argument text (numbers untouched)", () => {
-  const text = '<tool_call>\n{"name": "a", "arguments": {"n": 1.50, "s": "x y"}}\n</tool_call>\n' +
-    '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>';
-  assert.deepEqual(parseAll([text]), [
-    { type: "tool_call", name: "a", arguments: '{"n":1.50,"s":"x y"}' },
-    { type: "tool_call", name: "b", arguments: "{}" },
-  ]);
-});
-
-Deno.test("parser: a broken or unterminated call is kept as text, not lost", () => {
-  assert.deepEqual(parseAll(["<tool_call>{oops</tool_call>"]), [
-    { type: "invalid_tool_call", raw: "<tool_call>{oops</tool_call>" },
-  ]);
-  assert.deepEqual(parseAll(['<tool_call>{"name":']), [{
-    type: "invalid_tool_call",
-    raw: '<tool_call>{"name":',
-  }]);
-});
-
-Deno.test("parser: a lone '<' and unknown tags are content", () => {
-  assert.deepEqual(parseAll(["a < b <b>bold</b>"]), [{ type: "content", text: "a < b <b>bold</b>" }]);
-});
-
-Deno.test("schema: anyOf and definitions are converted, annotations dropped", () => {
-  const out = toGrammarSchema({
-    title: "T",
-    anyOf: [{ $ref: "#/definitions/a" }, { type: "null" }],
-    definitions: { a: { type: "string", maxLength: 3 } },
-  }, "p");
-  assert.deepEqual(out, {
-    oneOf: [{ $ref: "#/$defs/a" }, { type: "null" }],
-    $defs: { a: { type: "string", maxLength: 3 } },
+  assert.deepEqual(parse(jsonDialect, ["<think>\nplan it\n</think>\n\nHello"]), {
+    content: "Hello",
+    reasoning: "\nplan it\n",
+    calls: [],
+  });
+  assert.deepEqual(parse(xmlDialect, ["deep</think>\n\nanswer"], true), {
+    content: "answer",
+    reasoning: "deep",
+    calls: [],
   });
 });
 
-Deno.test("schema: an unenforceable keyword is refused naming it and its place", () => {
-  for (
-    const [schema, keyword] of [
-      [{ type: "string", pattern: "^a" }, "pattern"],
-      [{ type: "object", properties: { n: { type: "integer", minimum: 1 } } }, "minimum"],
-      [{ allOf: [{ type: "string" }] }, "allOf"],
-      [{ type: "string", format: "email" }, "email"],
-    ] as const
-  ) {
-    assert.throws(
-      () => toGrammarSchema(schema, "response_format"),
-      (e: Error) =>
-        e instanceof EngineInputError && e.message.includes(keyword) && e.param === "response_format",
-    );
+Deno.test("json dialect: calls parse the same however the text is chunked", () => {
+  const text =
+    '<think>hm</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1.50}}' +
+    '\n</tool_call>\n<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>';
+  for (const chunks of splits(text)) {
+    assert.deepEqual(parse(jsonDialect, chunks), {
+      content: "",
+      reasoning: "hm",
+      calls: [
+        { name: "get_weather", arguments: '{"city":"Paris","days":1.50}', complete: true },
+        { name: "ping", arguments: "{}", complete: true },
+      ],
+    }, JSON.stringify(chunks));
   }
 });
 
-Deno.test("grammar: JSON ends at the closing brace; integers have no exponent", () => {
-  const g = 'root ::= "{" x "}" "\\n\\n\\n\\n" [\\n]*\n' +
-    'integer-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,15}) ([eE] [-+]? ("0" | [1-9] [0-9]{0,15}))?\n' +
-    'fractional-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? ("0" | [1-9] [0-9]{0,15}))?';
+Deno.test("json dialect: a broken call is kept as text; an unfinished one never leaks markup", () => {
+  assert.equal(parse(jsonDialect, ["<tool_call>{oops</tool_call>"]).content, "<tool_call>{oops</tool_call>");
+  assert.deepEqual(parse(jsonDialect, ['<tool_call>\n{"name":']), { content: "", reasoning: "", calls: [] });
+  assert.deepEqual(parse(jsonDialect, ['<tool_call>\n{"name": "ping", "arguments": {"a": [1']).calls, [
+    { name: "ping", arguments: '{"a":[1', complete: false },
+  ]);
+});
+
+Deno.test("json dialect: without tools, call tags are content", () => {
   assert.equal(
-    tightenJsonGrammar(g),
-    'root ::= "{" x "}"\n' +
-      'integer-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,15})\n' +
-      'fractional-number-rule ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?',
+    parse(jsonDialect, ["a <tool_call>x</tool_call>"], false, []).content,
+    "a <tool_call>x</tool_call>",
   );
+});
+
+Deno.test("xml dialect: string values are raw, others JSON; chunking does not matter", () => {
+  const text = '<tool_call>\n<function=get_weather>\n<parameter=city>\nSan "Jose"\nCA\n</parameter>\n' +
+    "<parameter=days>\n3\n</parameter>\n<parameter=units>\nc\n</parameter>\n</function>\n</tool_call>";
+  for (const chunks of splits(text)) {
+    const r = parse(xmlDialect, chunks);
+    assert.deepEqual(r.calls, [{
+      name: "get_weather",
+      arguments: JSON.stringify({ city: 'San "Jose"\nCA', days: 3, units: "c" }),
+      complete: true,
+    }], JSON.stringify(chunks));
+    assert.equal(r.content, "");
+  }
+});
+
+Deno.test("xml dialect: parallel calls, no parameters, and a value that is not JSON", () => {
+  const text =
+    "<tool_call>\n<function=ping>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n" +
+    "<parameter=days>\nthree\n</parameter>\n</function>\n</tool_call>";
+  const r = parse(xmlDialect, [text]);
+  assert.deepEqual(r.calls.map((c) => [c.name, JSON.parse(c.arguments)]), [
+    ["ping", {}],
+    ["get_weather", { days: "three" }],
+  ]);
+});
+
+Deno.test("xml dialect: output cut inside a value keeps a valid JSON prefix and no markup", () => {
+  const r = parse(xmlDialect, ["<tool_call>\n<function=get_weather>\n<parameter=city>\nLis"]);
+  assert.deepEqual(r.calls, [{ name: "get_weather", arguments: '{"city":"Lis"}', complete: false }]);
+  assert.equal(r.content, "");
+});
+
+Deno.test("dialect: read from the chat template", () => {
+  assert.equal(dialectOfTemplate("{{ '<tool_call>\\n<function=' }}{{ '<parameter=' }}").name, "xml");
+  assert.equal(dialectOfTemplate('<tool_call>\\n{"name": {{ name }}}').name, "json");
+});
+
+Deno.test("stop sequences: cut at the first match across chunks; partial matches held back", () => {
+  const s = new StopMatcher(["END", "\n\n"]);
+  assert.deepEqual(s.push("abc E"), { text: "abc ", stopped: false });
+  assert.deepEqual(s.push("x"), { text: "Ex", stopped: false });
+  assert.deepEqual(s.push("y\n"), { text: "y", stopped: false });
+  assert.deepEqual(s.push("\nrest"), { text: "", stopped: true });
+  const t = new StopMatcher(["abc"]);
+  assert.deepEqual(t.push("xxab"), { text: "xx", stopped: false });
+  assert.equal(t.flush(), "ab");
+});
+
+const params = (over: Partial<SamplingParams> = {}): SamplingParams => ({
+  temperature: 1,
+  topK: 0,
+  topP: 1,
+  minP: 0,
+  seed: 7,
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+  repeatPenalty: 1,
+  logitBias: new Map(),
+  ...over,
+});
+
+Deno.test("sampler: greedy picks the largest logit; logit bias -100 forbids a token", () => {
+  const x = new Float32Array([0.1, 3, 2, -1]);
+  assert.equal(new TokenSampler(params({ temperature: 0 }), 4).sample(x).token, 1);
+  const banned = new TokenSampler(params({ temperature: 0, logitBias: new Map([[1, -Infinity]]) }), 4);
+  assert.equal(banned.sample(x).token, 2);
+});
+
+Deno.test("sampler: the same seed gives the same draws; top-k keeps the k best", () => {
+  const x = Float32Array.from({ length: 1000 }, (_, i) => Math.sin(i) * 3);
+  const draw = (seed: number, over: Partial<SamplingParams> = {}) => {
+    const s = new TokenSampler(params({ seed, ...over }), x.length);
+    return Array.from({ length: 20 }, () => s.sample(x).token);
+  };
+  assert.deepEqual(draw(1), draw(1));
+  assert.notDeepEqual(draw(1), draw(2));
+  const top3 = new Set(topTokens(x, 3));
+  assert.ok(draw(3, { topK: 3 }).every((t) => top3.has(t)));
+});
+
+Deno.test("sampler: log-probabilities sum to at most 1 and match the softmax", () => {
+  const x = new Float32Array([1, 2, 3, 4]);
+  const lp = logprobsOf(x, 3, 4);
+  const z = Math.log([1, 2, 3, 4].reduce((s, v) => s + Math.exp(v), 0));
+  assert.ok(Math.abs(lp.logprob - (4 - z)) < 1e-6);
+  assert.deepEqual(lp.top.map((t) => t.token), [3, 2, 1, 0]);
+  const total = lp.top.reduce((s, t) => s + Math.exp(t.logprob), 0);
+  assert.ok(total <= 1 + 1e-6 && total > 0.999);
 });

@@ -5,7 +5,8 @@ import type { ModelSpec } from "../registry.ts";
 import type { ChatEngine, EmbeddingEngine } from "./types.ts";
 import { resolveSource } from "../models/sources.ts";
 import { qwen3TokenizerJsonPath } from "../models/qwen3_vocab.ts";
-import { engineThreads, llamaRuntime } from "./llama/runtime.ts";
+import { engineThreads, llamaRuntime, resolveGpuLayers } from "./llama/runtime.ts";
+import { openLlamaLibrary } from "./llama/ffi.ts";
 import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
@@ -48,27 +49,34 @@ export async function loadEngine(
     return engine;
   }
   const llama = await llamaRuntime(config.gpu, log);
-  report({ backend: "llama", gpu: llama.gpu || "cpu", threads, parallel });
+  const lib = openLlamaLibrary();
+  const layers = await resolveGpuLayers(llama, path, gpuLayers);
+  report({ backend: "llama", gpu: llama.gpu || "cpu", gpu_layers: layers, threads, parallel });
   if (spec.kind === "embedding") {
-    const engine = await LlamaEmbeddingEngine.load(llama, {
+    const engine = await LlamaEmbeddingEngine.load(lib, {
       modelPath: path,
-      gpuLayers,
+      gpuLayers: layers,
       threads,
-      parallel,
       maxInputTokens: spec.maxInputTokens ?? 8192,
+      pooling: spec.pooling,
     });
-    report({ dims: engine.nativeDims });
+    report({ dims: engine.nativeDims, pooling: engine.pooling });
     return engine;
   }
   const contextSize = config.ctxSize ?? spec.contextSize ?? 32768;
-  const engine = await LlamaChatEngine.load(llama, {
+  const engine = await LlamaChatEngine.load(lib, {
     modelPath: path,
-    gpuLayers,
+    gpuLayers: layers,
     threads,
     parallel,
     contextSize,
+    toolFormat: spec.toolFormat,
     log,
   });
-  report({ context_size: engine.contextSize });
+  report({
+    context_size: engine.contextSize,
+    tool_format: engine.dialect.name,
+    thinking_default: spec.thinking ?? engine.thinking.defaultOn,
+  });
   return engine;
 }

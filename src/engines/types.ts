@@ -13,6 +13,8 @@ export interface EmbeddingEngine {
   tokenize(text: string): Promise<number[]>;
   /** Completes client-given token ids the way `tokenize` would (e.g. appends EOS). */
   completeTokens(ids: readonly number[]): number[];
+  /** Engine counters for /metrics (tokens evaluated, decodes, …). */
+  counters?(): Record<string, number>;
   /** Pooled vectors (not yet normalised), one per sequence, in order. */
   embed(sequences: readonly (readonly number[])[], signal?: AbortSignal): Promise<Float32Array[]>;
   /** Frees native memory. */
@@ -22,15 +24,14 @@ export interface EmbeddingEngine {
 /** A message as the chat engine receives it: roles and plain text, no wire details. */
 export type EngineMessage =
   | { role: "system" | "user"; text: string }
-  | { role: "assistant"; text: string; reasoning?: string; toolCalls: EngineToolCall[] }
+  | { role: "assistant"; text: string; reasoning?: string; toolCalls: EngineHistoryCall[] }
   | { role: "tool"; text: string; toolCallId: string; toolName?: string };
 
-/** A function call in history or in a response. */
-export interface EngineToolCall {
+/** A function call in the history: arguments as an object, as chat templates iterate them. */
+export interface EngineHistoryCall {
   id: string;
   name: string;
-  /** The arguments as JSON text. */
-  arguments: string;
+  arguments: Record<string, unknown>;
 }
 
 /** A function the model may call. */
@@ -72,24 +73,63 @@ export interface ChatJob {
   sampling: SamplingOptions;
   maxTokens?: number;
   stop: string[];
-  enableThinking: boolean;
+  /** The template's thinking switch; undefined: the model's default. */
+  enableThinking?: boolean;
+  /** Choices to generate from the one prompt. */
+  n: number;
+  /** Log-probabilities: how many alternatives per token (undefined: none). */
+  logprobs?: number;
+  /** False: do not reuse a cached prompt prefix (llama-server's `cache_prompt`). */
+  cachePrompt?: boolean;
 }
 
-/** What a generation yields, in order: `prompt` once, then `first_token`, text and calls, then `end` once. */
+/** A token's log-probability as clients see it. */
+export interface TokenLogprobInfo {
+  token: string;
+  bytes: number[];
+  logprob: number;
+  top: { token: string; bytes: number[]; logprob: number }[];
+}
+
+/** Why a choice ended. */
+export type FinishReason = "stop" | "length" | "tool_calls";
+
+/**
+ * What a generation yields, in order: `prompt` once, then `first_token`, then per choice its
+ * text, reasoning and calls, each choice ending with `end`.
+ */
 export type ChatEvent =
-  | { type: "prompt"; promptTokens: number }
+  | { type: "prompt"; promptTokens: number; cachedTokens: number }
   /** The first token was generated (visible text may come later, or never). */
   | { type: "first_token" }
-  | { type: "content"; text: string }
-  | { type: "reasoning"; text: string }
-  | { type: "tool_call"; call: EngineToolCall }
-  | { type: "end"; finishReason: "stop" | "length" | "tool_calls"; completionTokens: number };
+  | { type: "content"; choice: number; text: string }
+  | { type: "reasoning"; choice: number; text: string }
+  /** Log-probabilities of generated tokens, in order, with the part of the output they went to. */
+  | {
+    type: "logprobs";
+    choice: number;
+    channel: "content" | "reasoning" | "tool";
+    entries: TokenLogprobInfo[];
+  }
+  | { type: "tool_call_start"; choice: number; index: number; id: string; name: string }
+  | { type: "tool_call_arguments"; choice: number; index: number; text: string }
+  | {
+    type: "end";
+    choice: number;
+    finishReason: FinishReason;
+    completionTokens: number;
+    reasoningTokens: number;
+  };
 
 /** A loaded chat model. */
 export interface ChatEngine {
-  /** Context window in tokens (prompt + completion). */
+  /** Context window of one sequence in tokens (prompt + completion). */
   readonly contextSize: number;
-  /** Runs one job; stops and frees its sequence when `signal` aborts or the iterator is returned. */
+  /** Most choices (n) one request may ask for. */
+  readonly maxChoices: number;
+  /** Engine counters for /metrics (tokens evaluated, reused, generated, decodes, …). */
+  counters?(): Record<string, number>;
+  /** Runs one job; stops and frees its sequences when `signal` aborts or the iterator is returned. */
   generate(job: ChatJob, signal: AbortSignal): AsyncIterable<ChatEvent>;
   /** Frees native memory. */
   dispose(): Promise<void>;

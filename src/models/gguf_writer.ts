@@ -1,6 +1,7 @@
 /**
  * A GGUF v3 writer: metadata key/values, tensor infos and aligned tensor data in F32, F16 or
- * Q8_0. Tensor values are produced in chunks by a callback, so large models stream to disk.
+ * Q8_0. Tensor data is produced in chunks by a callback (float values, or ready Q8_0 blocks), so
+ * large models stream to disk.
  */
 
 /** GGUF metadata value types. */
@@ -18,13 +19,23 @@ export type MetaValue =
 export const TENSOR_TYPES = { F32: 0, F16: 1, Q8_0: 8 } as const;
 export type TensorType = keyof typeof TENSOR_TYPES;
 
-/** A tensor to write; `dims` in ggml order (innermost first). `fill` writes values from index `start`. */
+/**
+ * A tensor to write; `dims` in ggml order (innermost first). Exactly one producer: `fill` writes
+ * float values from index `start` (encoded to `type` here), or, for Q8_0, `encode` writes ready
+ * 34-byte blocks from block `startBlock`.
+ */
 export interface TensorSpec {
   name: string;
   dims: readonly number[];
   type: TensorType;
-  fill: (start: number, out: Float32Array) => void;
+  fill?: FloatFill;
+  encode?: BlockFill;
 }
+
+/** Writes a tensor's float values from index `start` into `out`. */
+export type FloatFill = (start: number, out: Float32Array) => void;
+/** Writes a tensor's Q8_0 blocks (34 bytes each) from block `startBlock` into `out`. */
+export type BlockFill = (startBlock: number, out: Uint8Array) => void;
 
 const ALIGNMENT = 32;
 const CHUNK = 1 << 20; // values generated per step: a multiple of the Q8_0 block size
@@ -141,6 +152,19 @@ function encodeChunk(type: TensorType, values: Float32Array): Uint8Array {
   return out;
 }
 
+function produceChunk(t: TensorSpec, start: number, count: number): Uint8Array {
+  if (t.encode) {
+    if (t.type !== "Q8_0") throw new Error(`${t.name}: encode() produces Q8_0 blocks, not ${t.type}`);
+    const out = new Uint8Array(tensorBytes("Q8_0", count));
+    t.encode(start / 32, out);
+    return out;
+  }
+  if (!t.fill) throw new Error(`${t.name}: a tensor needs fill() or encode()`);
+  const values = new Float32Array(count);
+  t.fill(start, values);
+  return encodeChunk(t.type, values);
+}
+
 /**
  * Writes a GGUF v3 file.
  *
@@ -182,9 +206,7 @@ export async function writeGguf(
       const count = t.dims.reduce((a, b) => a * b, 1);
       let written = 0;
       for (let start = 0; start < count; start += CHUNK) {
-        const values = new Float32Array(Math.min(CHUNK, count - start));
-        t.fill(start, values);
-        const bytes = encodeChunk(t.type, values);
+        const bytes = produceChunk(t, start, Math.min(CHUNK, count - start));
         await writeAll(file, bytes);
         written += bytes.length;
       }

@@ -17,6 +17,12 @@ export const ToolCallSchema = z.object({
 export type ToolCall = z.infer<typeof ToolCallSchema>;
 
 const SystemMessage = z.object({ role: z.literal("system"), content: Content, name: z.string().nullish() });
+/** `developer` (newer OpenAI clients and agent SDKs) is a system message. */
+const DeveloperMessage = z.object({
+  role: z.literal("developer"),
+  content: Content,
+  name: z.string().nullish(),
+});
 const UserMessage = z.object({ role: z.literal("user"), content: Content, name: z.string().nullish() });
 const AssistantMessage = z.object({
   role: z.literal("assistant"),
@@ -35,6 +41,7 @@ const ToolMessage = z.object({
 /** One message of the conversation; the role decides the fields. */
 export const ChatMessageSchema = z.discriminatedUnion("role", [
   SystemMessage,
+  DeveloperMessage,
   UserMessage,
   AssistantMessage,
   ToolMessage,
@@ -104,6 +111,8 @@ export const ChatRequestSchema = z.object({
     z.number().min(-100).max(100),
   ).nullish(),
   n: z.number().int().min(1).max(128).nullish(),
+  logprobs: z.boolean().nullish(),
+  top_logprobs: z.number().int().min(0).max(20).nullish(),
   tools: z.array(ToolSchema).nullish(),
   tool_choice: ToolChoiceSchema.nullish(),
   parallel_tool_calls: z.boolean().nullish(),
@@ -112,12 +121,34 @@ export const ChatRequestSchema = z.object({
   /** Accepted and not translated: the thinking switch is `chat_template_kwargs.enable_thinking`. */
   reasoning_effort: z.string().nullish(),
   user: z.string().nullish(),
+  /** Extension (llama-server): false recomputes the whole prompt instead of reusing a cached prefix. */
+  cache_prompt: z.boolean().nullish(),
 });
 export type ChatRequest = z.infer<typeof ChatRequestSchema>;
 
 /** Why generation ended. */
 export const FinishReasonSchema = z.enum(["stop", "length", "tool_calls"]);
 export type FinishReason = z.infer<typeof FinishReasonSchema>;
+
+/** One token's log-probability, with its most likely alternatives. */
+export const TokenLogprobSchema = z.object({
+  token: z.string(),
+  logprob: z.number(),
+  bytes: z.array(z.number().int()).nullable(),
+  top_logprobs: z.array(z.object({
+    token: z.string(),
+    logprob: z.number(),
+    bytes: z.array(z.number().int()).nullable(),
+  })),
+});
+export type TokenLogprob = z.infer<typeof TokenLogprobSchema>;
+
+/** `choices[].logprobs`. */
+export const ChoiceLogprobsSchema = z.object({
+  content: z.array(TokenLogprobSchema).nullable(),
+  refusal: z.array(TokenLogprobSchema).nullable().optional(),
+});
+export type ChoiceLogprobs = z.infer<typeof ChoiceLogprobsSchema>;
 
 /** The non-streamed response. */
 export const ChatCompletionSchema = z.object({
@@ -135,7 +166,7 @@ export const ChatCompletionSchema = z.object({
       reasoning_content: z.string().optional(),
       reasoning: z.string().optional(),
     }),
-    logprobs: z.null(),
+    logprobs: ChoiceLogprobsSchema.nullable(),
     finish_reason: FinishReasonSchema,
   })),
   usage: CompletionUsageSchema,
@@ -166,7 +197,7 @@ export const ChatChunkSchema = z.object({
       reasoning: z.string().optional(),
       tool_calls: z.array(ToolCallDeltaSchema).optional(),
     }),
-    logprobs: z.null(),
+    logprobs: ChoiceLogprobsSchema.nullable().optional(),
     finish_reason: FinishReasonSchema.nullable(),
   })),
   usage: CompletionUsageSchema.nullable().optional(),

@@ -7,11 +7,15 @@ export const EmbeddingUsageSchema = z.object({
   total_tokens: z.number().int().min(0),
 });
 
-/** `usage` of chat completions. */
+/** `usage` of chat completions, with the details cost and observability tools read. */
 export const CompletionUsageSchema = z.object({
   prompt_tokens: z.number().int().min(0),
   completion_tokens: z.number().int().min(0),
   total_tokens: z.number().int().min(0),
+  /** Prompt tokens served from an earlier request's state instead of being recomputed. */
+  prompt_tokens_details: z.object({ cached_tokens: z.number().int().min(0) }).optional(),
+  /** Completion tokens spent on reasoning (`reasoning_content`). */
+  completion_tokens_details: z.object({ reasoning_tokens: z.number().int().min(0) }).optional(),
 });
 export type CompletionUsage = z.infer<typeof CompletionUsageSchema>;
 

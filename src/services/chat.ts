@@ -10,21 +10,30 @@ import type {
   ChatMessage,
   ChatRequest,
   FinishReason,
+  TokenLogprob,
   ToolCall,
 } from "../protocol/chat.ts";
 import type { CompletionUsage } from "../protocol/common.ts";
-import type { ChatEngine, ChatEvent, ChatJob, EngineMessage, OutputConstraint } from "../engines/types.ts";
+import type {
+  ChatEngine,
+  ChatEvent,
+  ChatJob,
+  EngineMessage,
+  OutputConstraint,
+  TokenLogprobInfo,
+} from "../engines/types.ts";
 import { EngineInputError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
 
 /** Per-request context from the server. */
 export interface ChatContext {
-  defaultThinking: boolean;
+  /** The registry's default of `enable_thinking` (undefined: the model's template decides). */
+  defaultThinking?: boolean;
   created: number;
   signal: AbortSignal;
   log: Logger;
   requestId: string;
-  /** The engine started the job (a sequence was free). */
+  /** The engine started the job (sequences were free). */
   onStarted?: () => void;
   /** The first token arrived. */
   onFirstToken?: () => void;
@@ -59,9 +68,11 @@ export async function createChatCompletion(
     throw toError(e);
   }
   ctx.onStarted?.();
-  const promptTokens = first.done || first.value.type !== "prompt" ? 0 : first.value.promptTokens;
-  if (!req.stream) return jsonResponse(await collect(req, id, ctx, promptTokens, iterator, toError));
-  const chunks = streamChunks(req, id, ctx, promptTokens, iterator, abort);
+  const prompt = first.done || first.value.type !== "prompt"
+    ? { promptTokens: 0, cachedTokens: 0 }
+    : first.value;
+  if (!req.stream) return jsonResponse(await collect(req, job, id, ctx, prompt, iterator, toError));
+  const chunks = streamChunks(req, job, id, ctx, prompt, iterator, abort);
   const body = sseStream(chunks, {
     pingMs: 15_000,
     onError: (e) => {
@@ -104,14 +115,7 @@ function withFirstToken(events: AsyncIterator<ChatEvent>, ctx: ChatContext): Asy
 }
 
 /** The engine job for a validated request; rejects combinations the contract forbids. */
-export function toJob(req: ChatRequest, defaultThinking: boolean): ChatJob {
-  if ((req.n ?? 1) > 1) {
-    throw badRequest(
-      "n > 1 is not supported by this server; send n requests instead.",
-      "n",
-      "unsupported_value",
-    );
-  }
+export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
   const tools = (req.tools ?? []).map((t) => ({
     name: t.function.name,
     description: t.function.description ?? undefined,
@@ -149,6 +153,9 @@ export function toJob(req: ChatRequest, defaultThinking: boolean): ChatJob {
   if (output.type !== "text" && toolChoice !== "none" && tools.length > 0 && toolChoice !== "auto") {
     throw badRequest("response_format cannot be combined with a forced tool_choice.", "response_format");
   }
+  if (req.top_logprobs != null && !req.logprobs) {
+    throw badRequest("top_logprobs needs logprobs: true.", "top_logprobs", "invalid_value");
+  }
   const stop = req.stop == null ? [] : typeof req.stop === "string" ? [req.stop] : req.stop;
   return {
     messages: toEngineMessages(req.messages),
@@ -172,6 +179,9 @@ export function toJob(req: ChatRequest, defaultThinking: boolean): ChatJob {
     maxTokens: req.max_completion_tokens ?? req.max_tokens ?? undefined,
     stop: stop.filter((s) => s !== ""),
     enableThinking: req.chat_template_kwargs?.enable_thinking ?? defaultThinking,
+    n: req.n ?? 1,
+    logprobs: req.logprobs ? req.top_logprobs ?? 0 : undefined,
+    cachePrompt: req.cache_prompt ?? undefined,
   };
 }
 
@@ -186,20 +196,14 @@ function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
   return messages.map((m, i): EngineMessage => {
     switch (m.role) {
       case "system":
+      case "developer":
+        return { role: "system", text: textOf(m.content) };
       case "user":
-        return { role: m.role, text: textOf(m.content) };
+        return { role: "user", text: textOf(m.content) };
       case "assistant": {
         const toolCalls = (m.tool_calls ?? []).map((c, j) => {
           callNames.set(c.id, c.function.name);
-          try {
-            JSON.parse(c.function.arguments);
-          } catch {
-            throw badRequest(
-              "function.arguments must be a JSON string.",
-              `messages[${i}].tool_calls[${j}].function.arguments`,
-            );
-          }
-          return { id: c.id, name: c.function.name, arguments: c.function.arguments };
+          return { id: c.id, name: c.function.name, arguments: argumentsObject(c.function.arguments, i, j) };
         });
         const reasoning = m.reasoning_content ?? m.reasoning ?? undefined;
         return { role: "assistant", text: textOf(m.content), toolCalls, ...(reasoning ? { reasoning } : {}) };
@@ -215,131 +219,217 @@ function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
   });
 }
 
+/** A history call's `arguments` (JSON text, as the SDKs send it) as the object templates iterate. */
+function argumentsObject(text: string, i: number, j: number): Record<string, unknown> {
+  let value: unknown;
+  try {
+    value = JSON.parse(text === "" ? "{}" : text);
+  } catch {
+    value = undefined;
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw badRequest(
+      'function.arguments must be a JSON object encoded as a string (e.g. \'{"city":"Paris"}\').',
+      `messages[${i}].tool_calls[${j}].function.arguments`,
+      "invalid_value",
+    );
+  }
+  return value as Record<string, unknown>;
+}
+
 type Events = AsyncIterator<ChatEvent>;
+
+/** Everything one choice produced. */
+interface ChoiceResult {
+  content: string;
+  reasoning: string;
+  calls: ToolCall[];
+  finish: FinishReason;
+  tokens: number;
+  reasoningTokens: number;
+  logprobs: TokenLogprob[];
+}
+
+function wireLogprob(e: TokenLogprobInfo): TokenLogprob {
+  return {
+    token: e.token,
+    logprob: e.logprob,
+    bytes: e.bytes,
+    top_logprobs: e.top.map((t) => ({ token: t.token, logprob: t.logprob, bytes: t.bytes })),
+  };
+}
+
+function usageOf(
+  prompt: { promptTokens: number; cachedTokens: number },
+  completion: number,
+  reasoning: number,
+) {
+  return {
+    prompt_tokens: prompt.promptTokens,
+    completion_tokens: completion,
+    total_tokens: prompt.promptTokens + completion,
+    prompt_tokens_details: { cached_tokens: prompt.cachedTokens },
+    completion_tokens_details: { reasoning_tokens: reasoning },
+  };
+}
 
 async function collect(
   req: ChatRequest,
+  job: ChatJob,
   id: string,
   ctx: ChatContext,
-  promptTokens: number,
+  prompt: { promptTokens: number; cachedTokens: number },
   events: Events,
   toError: (e: unknown) => ApiError,
 ): Promise<ChatCompletion> {
-  let content = "";
-  let reasoning = "";
-  const calls: ToolCall[] = [];
-  let finish: FinishReason = "stop";
-  let completionTokens = 0;
+  const results: ChoiceResult[] = Array.from({ length: job.n }, () => ({
+    content: "",
+    reasoning: "",
+    calls: [],
+    finish: "stop",
+    tokens: 0,
+    reasoningTokens: 0,
+    logprobs: [],
+  }));
   try {
     for (let e = await events.next(); !e.done; e = await events.next()) {
       const ev = e.value;
-      if (ev.type === "content") content += ev.text;
-      else if (ev.type === "reasoning") reasoning += ev.text;
-      else if (ev.type === "tool_call") {
-        calls.push({
-          id: ev.call.id,
-          type: "function",
-          function: { name: ev.call.name, arguments: ev.call.arguments },
-        });
-      } else if (ev.type === "end") {
-        finish = ev.finishReason;
-        completionTokens = ev.completionTokens;
+      if (ev.type === "prompt" || ev.type === "first_token") continue;
+      const r = results[ev.choice];
+      switch (ev.type) {
+        case "content":
+          r.content += ev.text;
+          break;
+        case "reasoning":
+          r.reasoning += ev.text;
+          break;
+        case "logprobs":
+          if (ev.channel === "content") r.logprobs.push(...ev.entries.map(wireLogprob));
+          break;
+        case "tool_call_start":
+          r.calls[ev.index] = { id: ev.id, type: "function", function: { name: ev.name, arguments: "" } };
+          break;
+        case "tool_call_arguments":
+          r.calls[ev.index].function.arguments += ev.text;
+          break;
+        case "end":
+          r.finish = ev.finishReason;
+          r.tokens = ev.completionTokens;
+          r.reasoningTokens = ev.reasoningTokens;
+          break;
       }
     }
   } catch (e) {
     throw toError(e);
   }
-  const usage = {
-    prompt_tokens: promptTokens,
-    completion_tokens: completionTokens,
-    total_tokens: promptTokens + completionTokens,
-  };
+  const usage = usageOf(
+    prompt,
+    results.reduce((n, r) => n + r.tokens, 0),
+    results.reduce((n, r) => n + r.reasoningTokens, 0),
+  );
   ctx.onUsage?.(usage);
   return {
     id,
     object: "chat.completion",
     created: ctx.created,
     model: req.model,
-    choices: [{
-      index: 0,
+    choices: results.map((r, index) => ({
+      index,
       message: {
         role: "assistant",
-        content: calls.length > 0 && content.trim() === "" ? null : content,
-        ...(calls.length > 0 ? { tool_calls: calls } : {}),
-        ...(reasoning ? { reasoning_content: reasoning, reasoning } : {}),
+        content: r.calls.length > 0 && r.content.trim() === "" ? null : r.content,
+        ...(r.calls.length > 0 ? { tool_calls: r.calls } : {}),
+        ...(r.reasoning ? { reasoning_content: r.reasoning, reasoning: r.reasoning } : {}),
       },
-      logprobs: null,
-      finish_reason: finish,
-    }],
+      logprobs: job.logprobs !== undefined ? { content: r.logprobs, refusal: null } : null,
+      finish_reason: r.finish,
+    })),
     usage,
   };
 }
 
 async function* streamChunks(
   req: ChatRequest,
+  job: ChatJob,
   id: string,
   ctx: ChatContext,
-  promptTokens: number,
+  prompt: { promptTokens: number; cachedTokens: number },
   events: Events,
   abort: AbortController,
 ): AsyncGenerator<ChatChunk> {
-  const chunk = (delta: ChatChunk["choices"][0]["delta"], finish: FinishReason | null = null): ChatChunk => ({
+  const chunk = (
+    index: number,
+    delta: ChatChunk["choices"][0]["delta"],
+    finish: FinishReason | null = null,
+    logprobs?: TokenLogprob[],
+  ): ChatChunk => ({
     id,
     object: "chat.completion.chunk",
     created: ctx.created,
     model: req.model,
-    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+    choices: [{
+      index,
+      delta,
+      logprobs: logprobs ? { content: logprobs, refusal: null } : null,
+      finish_reason: finish,
+    }],
   });
   let completed = false;
+  let tokens = 0;
+  let reasoningTokens = 0;
   try {
-    yield chunk({ role: "assistant", content: "" });
-    let callIndex = 0;
+    for (let i = 0; i < job.n; i++) yield chunk(i, { role: "assistant", content: "" });
     for (let e = await events.next(); !e.done; e = await events.next()) {
       const ev = e.value;
-      if (ev.type === "content") yield chunk({ content: ev.text });
-      else if (ev.type === "reasoning") yield chunk({ reasoning_content: ev.text, reasoning: ev.text });
-      else if (ev.type === "tool_call") {
-        const index = callIndex++;
-        yield chunk({
-          tool_calls: [{
-            index,
-            id: ev.call.id,
-            type: "function",
-            function: { name: ev.call.name, arguments: "" },
-          }],
-        });
-        for (const piece of fragments(ev.call.arguments)) {
-          yield chunk({ tool_calls: [{ index, function: { arguments: piece } }] });
-        }
-      } else if (ev.type === "end") {
-        yield chunk({}, ev.finishReason);
-        const usage = {
-          prompt_tokens: promptTokens,
-          completion_tokens: ev.completionTokens,
-          total_tokens: promptTokens + ev.completionTokens,
-        };
-        ctx.onUsage?.(usage);
-        if (req.stream_options?.include_usage) {
-          yield { ...chunk({}), choices: [], usage };
-        }
+      switch (ev.type) {
+        case "content":
+          yield chunk(ev.choice, { content: ev.text });
+          break;
+        case "reasoning":
+          yield chunk(ev.choice, { reasoning_content: ev.text, reasoning: ev.text });
+          break;
+        case "logprobs":
+          if (ev.channel === "content") yield chunk(ev.choice, {}, null, ev.entries.map(wireLogprob));
+          break;
+        case "tool_call_start":
+          yield chunk(ev.choice, {
+            tool_calls: [{
+              index: ev.index,
+              id: ev.id,
+              type: "function",
+              function: { name: ev.name, arguments: "" },
+            }],
+          });
+          break;
+        case "tool_call_arguments":
+          yield chunk(ev.choice, { tool_calls: [{ index: ev.index, function: { arguments: ev.text } }] });
+          break;
+        case "end":
+          tokens += ev.completionTokens;
+          reasoningTokens += ev.reasoningTokens;
+          yield chunk(ev.choice, {}, ev.finishReason);
+          break;
       }
+    }
+    const usage = usageOf(prompt, tokens, reasoningTokens);
+    ctx.onUsage?.(usage);
+    if (req.stream_options?.include_usage) {
+      yield {
+        id,
+        object: "chat.completion.chunk",
+        created: ctx.created,
+        model: req.model,
+        choices: [],
+        usage,
+      };
     }
     completed = true;
   } finally {
     if (!completed) {
-      // The client went away (or the consumer stopped): stop generation and free the sequence now.
+      // The client went away (or the consumer stopped): stop generation and free the sequences now.
       abort.abort(new DOMException("stream cancelled", "AbortError"));
       await events.return?.();
       ctx.log.info("stream cancelled", { request_id: ctx.requestId });
     }
   }
-}
-
-/** Splits argument JSON into a few pieces, as OpenAI streams it, without splitting code points. */
-function fragments(text: string): string[] {
-  const points = Array.from(text);
-  const size = Math.max(8, Math.ceil(points.length / 4));
-  const out: string[] = [];
-  for (let i = 0; i < points.length; i += size) out.push(points.slice(i, i + size).join(""));
-  return out.length > 0 ? out : [""];
 }

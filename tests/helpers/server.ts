@@ -37,7 +37,9 @@ export async function startServer(
     {},
 ): Promise<TestServer> {
   const command = new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", "main.ts", "--port", "0", "--log-format", "json", ...args],
+    // One thread per engine: test files run in parallel, and llama.cpp's spinning thread pools
+    // slow down many times over when more threads than cores compete (a later --threads wins).
+    args: ["run", "--allow-all", "main.ts", "--port", "0", "--log-format", "json", "--threads", "1", ...args],
     cwd: ROOT,
     env: { NO_COLOR: "1", ...opts.env },
     stdout: "piped",

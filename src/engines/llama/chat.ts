@@ -1,105 +1,169 @@
 /**
- * GGUF chat models through node-llama-cpp. The prompt is the GGUF's own Jinja chat template
- * rendered with the OpenAI-shaped history; generation runs on one of N sequences of a shared
- * context (concurrent requests decode in shared batches); grammars enforce JSON output and
- * forced tool calls; tool calls are parsed and returned, never executed.
+ * GGUF chat models: the prompt is the GGUF's own chat template; generation runs on our batched
+ * loop ({@link Scheduler}) over llama.cpp; grammars enforce JSON output and forced tool calls in
+ * the model's tool-call dialect; calls are parsed and returned, never executed.
  */
-import {
-  type Llama,
-  LlamaCompletion,
-  type LlamaContext,
-  type LlamaContextSequence,
-  type LlamaGrammar,
-  type LlamaModel,
-  type Token,
-  TokenBias,
-} from "node-llama-cpp";
-import { Template } from "@huggingface/jinja";
-import type { ChatEngine, ChatEvent, ChatJob, EngineMessage } from "../types.ts";
+import type {
+  ChatEngine,
+  ChatEvent,
+  ChatJob,
+  EngineTool,
+  FinishReason,
+  SamplingOptions,
+  TokenLogprobInfo,
+} from "../types.ts";
 import { EngineInputError } from "../types.ts";
 import type { Logger } from "../../log.ts";
-import { QwenOutputParser } from "./output_parser.ts";
-import { toGrammarSchema } from "./json_schema.ts";
+import type { LlamaLibrary } from "./ffi.ts";
+import { Batch, NativeContext, NativeModel } from "./native.ts";
+import { Scheduler, type SchedulerStats } from "./scheduler.ts";
+import { type TokenLogprob, TokenSampler } from "./sampler.ts";
+import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
+import { JsonGrammar } from "./json_gbnf.ts";
+import { textWithout } from "./gbnf.ts";
+import { ChatTemplate, type ThinkingFacts } from "./template.ts";
+import { dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.ts";
+import { OutputParser, type OutputPiece } from "./output_parser.ts";
+import { StopMatcher } from "./stop_strings.ts";
+import { EventQueue } from "./event_queue.ts";
 
 /** How to load a GGUF chat model. */
 export interface LlamaChatOptions {
   modelPath: string;
-  gpuLayers?: number | "auto" | "max";
+  /** Layers on the GPU; -1 = all. */
+  gpuLayers: number;
   threads: number;
+  /** Sequences decoded together (requests × choices). */
   parallel: number;
+  /** Tokens per sequence. */
   contextSize: number;
+  /** Tool-call dialect; default: read from the chat template. */
+  toolFormat?: "json" | "xml";
   log: Logger;
 }
 
-/** The tag that opens a tool call in Qwen's format. */
-const TOOL_OPEN = "<tool_call>";
-
 /** Most tool calls one turn may hold (bounds the grammar's repetition). */
 const MAX_PARALLEL_CALLS = 8;
+/** Prompt tokens per decode step (llama.cpp's micro-batch). */
+const CHUNK = 512;
 
-/** A chat model with a pool of sequences. */
+/** A chat model on one llama.cpp context with `parallel` sequences. */
 export class LlamaChatEngine implements ChatEngine {
   readonly contextSize: number;
-  readonly #llama: Llama;
-  readonly #model: LlamaModel;
-  readonly #context: LlamaContext;
-  readonly #template: Template;
-  readonly #idle: LlamaContextSequence[];
-  readonly #waiting: ((s: LlamaContextSequence) => void)[] = [];
+  readonly maxChoices: number;
+  readonly dialect: ToolDialect;
+  readonly thinking: ThinkingFacts;
+  readonly #model: NativeModel;
+  readonly #ctx: NativeContext;
+  readonly #batch: Batch;
+  readonly #scheduler: Scheduler;
+  readonly #template: ChatTemplate;
   readonly #log: Logger;
-  readonly #specials: { bos: string; eos: string };
+  /** Tokens of the text that opens a tool call (a single token makes the lazy grammar cheap). */
+  readonly #openTokens: number[];
 
-  private constructor(llama: Llama, model: LlamaModel, context: LlamaContext, template: string, log: Logger) {
-    this.#llama = llama;
+  private constructor(
+    model: NativeModel,
+    ctx: NativeContext,
+    batch: Batch,
+    template: ChatTemplate,
+    opts: LlamaChatOptions,
+  ) {
     this.#model = model;
-    this.#context = context;
-    this.#template = new Template(template);
-    this.#log = log;
-    this.contextSize = context.contextSize;
-    this.#idle = Array.from({ length: context.totalSequences }, () => context.getSequence());
-    this.#specials = {
-      bos: model.tokens.bosString ?? "",
-      eos: model.tokens.eosString ?? "",
+    this.#ctx = ctx;
+    this.#batch = batch;
+    this.#template = template;
+    this.#log = opts.log;
+    this.#scheduler = new Scheduler(model, ctx, batch, {
+      chunk: CHUNK,
+      maxCheckpoints: 4,
+      checkpointSpacing: 256,
+    });
+    this.contextSize = ctx.nCtxSeq;
+    this.maxChoices = ctx.nSeqMax;
+    this.dialect = opts.toolFormat ? DIALECTS[opts.toolFormat] : dialectOfTemplate(template.source);
+    this.thinking = template.thinkingFacts();
+    this.#openTokens = model.tokenize(this.dialect.open, true);
+  }
+
+  /**
+   * Loads the model and one context of `parallel` sequences × `contextSize` tokens.
+   *
+   * @example
+   * ```ts
+   * const engine = await LlamaChatEngine.load(lib, { modelPath, gpuLayers: 0, threads: 2, parallel: 4, contextSize: 4096, log });
+   * ```
+   */
+  static async load(lib: LlamaLibrary, opts: LlamaChatOptions): Promise<LlamaChatEngine> {
+    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers);
+    try {
+      const source = model.chatTemplate();
+      if (!source) throw new Error(`'${opts.modelPath}' has no chat template (tokenizer.chat_template)`);
+      const template = new ChatTemplate(source, {
+        bos: model.bos >= 0 ? model.detokenize([model.bos]) : "",
+        eos: model.eos >= 0 ? model.detokenize([model.eos]) : "",
+      });
+      const parallel = Math.max(1, opts.parallel);
+      const ctx = await NativeContext.create(model, {
+        nCtx: opts.contextSize * parallel,
+        nBatch: CHUNK + parallel,
+        nUbatch: CHUNK + parallel,
+        nSeqMax: parallel,
+        threads: opts.threads,
+        embeddings: false,
+        kvUnified: false,
+      });
+      return new LlamaChatEngine(model, ctx, new Batch(lib, CHUNK + parallel), template, opts);
+    } catch (e) {
+      model.free();
+      throw e;
+    }
+  }
+
+  /** Counters of the generation loop. */
+  get stats(): SchedulerStats {
+    return this.#scheduler.stats;
+  }
+
+  counters(): Record<string, number> {
+    const s = this.#scheduler.stats;
+    return {
+      prompt_tokens_evaluated: s.promptTokensEvaluated,
+      prompt_tokens_reused: s.promptTokensReused,
+      tokens_generated: s.tokensGenerated,
+      decodes: s.decodes,
+      batched_tokens: s.batchedTokens,
+      checkpoints_saved: s.checkpointsSaved,
+      checkpoints_restored: s.checkpointsRestored,
     };
   }
 
-  /** Loads the model and one context with `parallel` sequences of `contextSize` tokens each. */
-  static async load(llama: Llama, opts: LlamaChatOptions): Promise<LlamaChatEngine> {
-    const model = await llama.loadModel({ modelPath: opts.modelPath, gpuLayers: opts.gpuLayers });
-    const template = model.fileInfo.metadata.tokenizer?.chat_template;
-    if (typeof template !== "string" || template === "") {
-      await model.dispose();
-      throw new Error(`'${opts.modelPath}' has no chat template (tokenizer.chat_template)`);
-    }
-    const context = await model.createContext({
-      contextSize: opts.contextSize,
-      sequences: opts.parallel,
-      threads: opts.threads,
-      batchSize: Math.min(opts.contextSize, 2048),
-    });
-    return new LlamaChatEngine(llama, model, context, template, opts.log);
+  /** The prompt text for a job. */
+  renderPrompt(job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">): string {
+    return this.#template.render(
+      job.messages,
+      job.toolChoice === "none" ? [] : job.tools,
+      job.enableThinking,
+    );
   }
 
-  /** The prompt text for a job, rendered with the model's chat template. */
-  renderPrompt(job: ChatJob): string {
-    return this.#template.render({
-      messages: toTemplateMessages(job.messages),
-      tools: job.tools.length > 0 && job.toolChoice !== "none"
-        ? job.tools.map((t) => ({
-          type: "function",
-          function: { name: t.name, description: t.description ?? "", parameters: t.parameters ?? {} },
-        }))
-        : undefined,
-      add_generation_prompt: true,
-      enable_thinking: job.enableThinking,
-      bos_token: this.#specials.bos,
-      eos_token: this.#specials.eos,
-    });
+  /** Prompt tokens of a rendered prompt. */
+  tokenize(text: string, special = true): number[] {
+    const addBos = this.#model.addBos && this.#model.bos >= 0 &&
+      !text.startsWith(this.#model.detokenize([this.#model.bos]));
+    return [...(addBos ? [this.#model.bos] : []), ...this.#model.tokenize(text, special)];
   }
 
   async *generate(job: ChatJob, signal: AbortSignal): AsyncGenerator<ChatEvent> {
+    if (job.n > this.maxChoices) {
+      throw new EngineInputError(
+        `n may be at most ${this.maxChoices} on this model (its parallel sequences).`,
+        "n",
+        "invalid_value",
+      );
+    }
     const prompt = this.renderPrompt(job);
-    const tokens = this.#model.tokenize(prompt, true);
+    const tokens = this.tokenize(prompt);
     const limit = this.contextSize;
     if (tokens.length + (job.maxTokens ?? 1) > limit) {
       throw new EngineInputError(
@@ -110,320 +174,267 @@ export class LlamaChatEngine implements ChatEngine {
         "context_length_exceeded",
       );
     }
-    const grammar = await this.#grammarFor(job);
-    const callGrammar = grammar === undefined && job.toolChoice === "auto" && job.tools.length > 0
-      ? await this.#lazyCallGrammar(job)
-      : undefined;
-    signal.throwIfAborted();
-    const sequence = await this.#acquire(signal);
+    const inThink = /<think>\s*$/.test(prompt);
+    const thinking = inThink || (this.thinking.switchable && (job.enableThinking ?? this.thinking.defaultOn));
+    const grammar = this.#grammar(job, inThink, thinking);
+    const grammars = Array.from({ length: job.n }, (_, i) => i === 0 ? grammar : grammar?.clone() ?? null);
+    const seed = job.sampling.seed ?? Math.floor(Math.random() * 2 ** 32);
+    const sampler = new TokenSampler(samplingParams(job.sampling, seed), this.#model.nVocab);
+    const choices = grammars.map((g, i) => ({
+      sampler: i === 0 ? sampler : sampler.fork(seed + i),
+      grammar: g,
+    }));
+    const queue = new EventQueue<ChatEvent>();
+    const outputs = choices.map((_, i) => new ChoiceOutput(i, this, job, inThink, queue));
+    let firstToken = false;
     const stop = new AbortController();
     const onAbort = () => stop.abort(signal.reason);
     signal.addEventListener("abort", onAbort, { once: true });
-    const queue = new EventQueue<ChatEvent>();
-    let completionTokens = 0;
-    const parser = new QwenOutputParser(/<think>\s*$/.test(prompt));
-    let calls = 0;
-    const forward = (pieces: ReturnType<QwenOutputParser["push"]>) => {
-      for (const p of pieces) {
-        if (p.type === "tool_call") {
-          calls++;
-          queue.push({
-            type: "tool_call",
-            call: {
-              id: `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`,
-              name: p.name,
-              arguments: p.arguments,
-            },
-          });
-        } else if (p.type === "invalid_tool_call") queue.push({ type: "content", text: p.raw });
-        else queue.push(p);
-      }
-    };
-    const s = job.sampling;
-    const penalize = s.presencePenalty || s.frequencyPenalty || (s.repeatPenalty && s.repeatPenalty !== 1);
-    const completion = new LlamaCompletion({ contextSequence: sequence });
-    const budget = job.maxTokens ?? limit - tokens.length;
-    const options = (phaseGrammar: LlamaGrammar | undefined, triggers: string[], maxTokens: number) => ({
-      maxTokens,
-      temperature: s.temperature ?? 1,
-      topP: s.topP,
-      topK: s.topK,
-      minP: s.minP,
-      seed: s.seed,
-      repeatPenalty: penalize
-        ? {
-          penalty: s.repeatPenalty ?? 1,
-          presencePenalty: s.presencePenalty ?? 0,
-          frequencyPenalty: s.frequencyPenalty ?? 0,
-          lastTokens: 64,
-        }
-        : false as const,
-      tokenBias: this.#tokenBias(s.logitBias),
-      grammar: phaseGrammar,
-      customStopTriggers: triggers.length > 0 ? triggers : undefined,
+    const run = this.#scheduler.run({
+      prompt: tokens,
+      choices,
+      maxTokens: job.maxTokens ?? limit - tokens.length,
+      logprobs: job.logprobs,
+      checkpoints: turnStarts(tokens, this.#model.tokenize("<|im_start|>", true)),
+      reusePrefix: job.cachePrompt,
       signal: stop.signal,
-      onToken: (t: readonly unknown[]) => {
-        if (completionTokens === 0 && t.length > 0) queue.push({ type: "first_token" });
-        completionTokens += t.length;
+      onPrompt: (info) => queue.push({ type: "prompt", ...info }),
+      onToken: (choice, token, logprob) => {
+        if (!firstToken) {
+          firstToken = true;
+          queue.push({ type: "first_token" });
+        }
+        return outputs[choice].token(token, logprob);
       },
-    });
-    // With tool_choice auto, text is free until the model opens a tool call; the call itself is then
-    // generated under the tool-call grammar (a lazy grammar, as llama-server does it).
-    const lazyCalls = callGrammar !== undefined;
-    const run = (async () => {
-      let text = "";
-      let res = await completion.generateCompletionWithMeta(tokens, {
-        ...options(grammar, lazyCalls ? [...job.stop, TOOL_OPEN] : job.stop, budget),
-        onTextChunk: (chunk) => {
-          text += chunk;
-          forward(parser.push(chunk));
-        },
-      });
-      const opened = res.metadata.stopReason === "customStopTrigger" &&
-        res.metadata.customStopTrigger.join("") === TOOL_OPEN;
-      if (lazyCalls && opened && budget - completionTokens > 0) {
-        forward(parser.push(TOOL_OPEN));
-        res = await completion.generateCompletionWithMeta(
-          this.#model.tokenize(prompt + text + TOOL_OPEN, true),
-          {
-            ...options(callGrammar, job.stop, budget - completionTokens),
-            onTextChunk: (chunk) => forward(parser.push(chunk)),
-          },
-        );
-      }
-      forward(parser.end());
-      const finishReason = res.metadata.stopReason === "maxTokens"
-        ? "length"
-        : calls > 0
-        ? "tool_calls"
-        : "stop";
-      queue.push({ type: "end", finishReason, completionTokens });
-      queue.close();
-    })().catch((e) => queue.fail(e));
+      onEnd: (choice, cause) => outputs[choice].end(cause),
+    }).then(() => queue.close(), (e) => queue.fail(e));
     try {
-      yield { type: "prompt", promptTokens: tokens.length };
       yield* queue;
     } finally {
       if (!stop.signal.aborted) stop.abort(new DOMException("generation stopped", "AbortError"));
-      await run.catch(() => {});
       signal.removeEventListener("abort", onAbort);
-      completion.dispose({ disposeSequence: false });
-      this.#release(sequence);
+      await run;
+      for (const c of choices) c.grammar?.free();
     }
   }
 
-  async #grammarFor(job: ChatJob): Promise<LlamaGrammar | undefined> {
-    if (job.toolChoice === "required") return await this.#toolCallGrammar(job, job.tools, false);
-    if (typeof job.toolChoice === "object") {
-      const name = job.toolChoice.name;
-      return await this.#toolCallGrammar(job, job.tools.filter((t) => t.name === name), false);
-    }
-    if (job.output.type === "text") return undefined;
-    const schema = job.output.type === "json_schema"
-      ? toGrammarSchema(job.output.schema, "response_format.json_schema.schema")
-      : { type: "object", additionalProperties: true };
-    const json = await this.#jsonGrammarText(schema);
-    if (!job.enableThinking) {
-      return await this.#llama.createGrammar({ grammar: json });
-    }
-    return await this.#llama.createGrammar({
-      grammar: `root ::= ${this.#thinkPrefix(job)}payload\n${json.replace(/^root ::=/m, "payload ::=")}`,
-    });
+  /** The text and bytes of a token (for log-probabilities). */
+  tokenInfo(token: number): { token: string; bytes: number[] } {
+    const bytes = this.#model.piece(token);
+    return { token: new TextDecoder().decode(bytes), bytes: Array.from(bytes) };
+  }
+
+  /** The bytes of a generated token. */
+  piece(token: number): Uint8Array {
+    return this.#model.piece(token);
   }
 
   /**
-   * Tool calls in the model's format: `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>`,
-   * one or (with parallel calls) up to MAX_PARALLEL_CALLS, each matching one tool's schema.
-   * `opened`: the first `<tool_call>` is already written (lazy grammar after the trigger).
+   * The grammar a job needs: forced tool calls, or constrained JSON output; under `auto` a lazy
+   * grammar for calls the model opens. With thinking, a reasoning block may precede.
    */
-  async #toolCallGrammar(job: ChatJob, tools: ChatJob["tools"], opened: boolean): Promise<LlamaGrammar> {
-    const callSchema = {
-      oneOf: tools.map((t) => ({
-        type: "object",
-        properties: {
-          name: { const: t.name },
-          arguments: toGrammarSchema(
-            t.parameters ?? { type: "object" },
-            `tools[${job.tools.indexOf(t)}].function.parameters`,
-          ),
-        },
-        required: ["name", "arguments"],
-        additionalProperties: false,
-      })),
-    };
-    const json = await this.#jsonGrammarText(callSchema);
-    const body = `"\\n" call-json "\\n</tool_call>"`;
-    const call = `"${TOOL_OPEN}" ${body}`;
-    const more = job.parallelToolCalls ? ` ("\\n" ${call}){0,${MAX_PARALLEL_CALLS - 1}}` : "";
-    const first = opened ? body : `${this.#thinkPrefix(job)}${call}`;
-    return await this.#llama.createGrammar({
-      grammar: `root ::= ${first}${more}\n${json.replace(/^root ::=/m, "call-json ::=")}`,
-    });
-  }
-
-  /**
-   * The grammar for calls the model opens under `auto`, or none when a tool's schema cannot be
-   * enforced: `auto` promises no grammar, so such calls are parsed from free text instead of failing.
-   */
-  async #lazyCallGrammar(job: ChatJob): Promise<LlamaGrammar | undefined> {
-    try {
-      return await this.#toolCallGrammar(job, job.tools, true);
-    } catch (e) {
-      if (!(e instanceof EngineInputError)) throw e;
-      this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
-      return undefined;
-    }
-  }
-
-  /** OpenAI `logit_bias` as node-llama-cpp token biases (-100 = never). */
-  #tokenBias(bias: Record<number, number> | undefined): TokenBias | undefined {
-    if (!bias) return undefined;
-    const out = new TokenBias(this.#model.tokenizer);
-    for (const [token, value] of Object.entries(bias)) {
-      out.set(Number(token) as Token, value <= -100 ? "never" : { logit: value });
-    }
-    return out;
-  }
-
-  /** With thinking on, a constrained answer may start with a reasoning block. */
-  #thinkPrefix(job: ChatJob): string {
-    return job.enableThinking ? `("<think>" [^<]* "</think>" "\\n"{0,2})? ` : "";
-  }
-
-  async #jsonGrammarText(schema: unknown): Promise<string> {
-    try {
-      // deno-lint-ignore no-explicit-any
-      const g = await this.#llama.createGrammarForJsonSchema(schema as any);
-      // node-llama-cpp ends JSON with forced newlines plus a stop trigger; ending the grammar at
-      // the closing brace instead lets only end-of-generation follow the JSON.
-      return tightenJsonGrammar(g.grammar);
-    } catch (e) {
-      throw new EngineInputError(
-        `The JSON schema cannot be turned into a grammar: ${(e as Error).message}`,
-        "response_format",
-        "unsupported_schema",
-      );
-    }
-  }
-
-  #acquire(signal: AbortSignal): Promise<LlamaContextSequence> {
-    const idle = this.#idle.pop();
-    if (idle) return Promise.resolve(idle);
-    return new Promise((resolve, reject) => {
-      const waiter = (s: LlamaContextSequence) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(s);
-      };
-      const onAbort = () => {
-        const i = this.#waiting.indexOf(waiter);
-        if (i >= 0) this.#waiting.splice(i, 1);
-        reject(signal.reason);
-      };
-      signal.addEventListener("abort", onAbort, { once: true });
-      this.#waiting.push(waiter);
-    });
-  }
-
-  #release(sequence: LlamaContextSequence) {
-    const next = this.#waiting.shift();
-    if (next) next(sequence);
-    else this.#idle.push(sequence);
-  }
-
-  /** Sequences not in use (for health and tests). */
-  get idleSequences(): number {
-    return this.#idle.length;
-  }
-
-  async dispose(): Promise<void> {
-    await this.#context.dispose();
-    await this.#model.dispose();
-  }
-}
-
-/**
- * Adjusts node-llama-cpp's JSON grammar: it ends JSON with forced newlines plus a stop trigger,
- * so the root ends at the closing brace instead (only end-of-generation may follow); and its
- * numbers allow 16-digit exponents (`1e999999` parses to Infinity, `1e-5` is no integer), so
- * integers get none and other numbers at most two exponent digits.
- */
-export function tightenJsonGrammar(grammar: string): string {
-  const exponent = '([eE] [-+]? ("0" | [1-9] [0-9]{0,15}))?';
-  return grammar
-    .replace(/^(root ::= .*?)\s*"(?:\\n)+"\s*\[\\n\]\*\s*$/m, "$1")
-    .replace(
-      /^(integer-number-rule ::= .*?) ?(\(\[eE\] .*\)\?)$/m,
-      (_m, head: string, exp: string) => exp === exponent ? head : _m,
-    )
-    .replace(
-      /^(fractional-number-rule ::= .*?)(\(\[eE\] .*\)\?)$/m,
-      (_m, head: string, exp: string) => exp === exponent ? `${head}([eE] [-+]? [0-9]{1,2})?` : _m,
-    );
-}
-
-/** The history in the shape chat templates expect (OpenAI-like, content always a string). */
-function toTemplateMessages(messages: EngineMessage[]) {
-  return messages.map((m) => {
-    switch (m.role) {
-      case "assistant":
-        return {
-          role: "assistant",
-          content: m.text,
-          ...(m.reasoning ? { reasoning_content: m.reasoning } : {}),
-          ...(m.toolCalls.length > 0
-            ? {
-              tool_calls: m.toolCalls.map((c) => ({
-                id: c.id,
-                type: "function",
-                function: { name: c.name, arguments: c.arguments },
-              })),
-            }
-            : {}),
-        };
-      case "tool":
-        return {
-          role: "tool",
-          content: m.text,
-          tool_call_id: m.toolCallId,
-          ...(m.toolName ? { name: m.toolName } : {}),
-        };
-      default:
-        return { role: m.role, content: m.text };
-    }
-  });
-}
-
-/** A push-to-pull bridge from callbacks to an async iterator. */
-class EventQueue<T> implements AsyncIterable<T> {
-  #items: T[] = [];
-  #closed = false;
-  #error: unknown;
-  #failed = false;
-  #wake: (() => void) | undefined;
-
-  push(item: T) {
-    this.#items.push(item);
-    this.#wake?.();
-  }
-  close() {
-    this.#closed = true;
-    this.#wake?.();
-  }
-  fail(e: unknown) {
-    this.#failed = true;
-    this.#error = e;
-    this.#wake?.();
-  }
-  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
-    while (true) {
-      if (this.#items.length > 0) {
-        yield this.#items.shift()!;
-        continue;
+  #grammar(job: ChatJob, inThink: boolean, thinking: boolean): GrammarConstraint | null {
+    const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
+    let text: string;
+    let trigger: GrammarTrigger | undefined;
+    if (forced) {
+      const tools = typeof job.toolChoice === "object"
+        ? job.tools.filter((t) => t.name === (job.toolChoice as { name: string }).name)
+        : job.tools;
+      text = this.#callsGrammar(job, tools, inThink, thinking);
+    } else if (job.output.type !== "text") {
+      const g = new JsonGrammar();
+      const payload = job.output.type === "json_schema"
+        ? g.schema(job.output.schema, "response_format.json_schema.schema", "out")
+        : g.schema({ type: "object" }, "response_format", "out");
+      text = g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${payload}`);
+    } else if (job.toolChoice === "auto" && job.tools.length > 0) {
+      try {
+        text = this.#callsGrammar(job, job.tools, false, false);
+      } catch (e) {
+        if (!(e instanceof EngineInputError)) throw e;
+        // `auto` promises no grammar: such calls are parsed from free text instead of failing.
+        this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
+        return null;
       }
-      if (this.#failed) throw this.#error;
-      if (this.#closed) return;
-      await new Promise<void>((r) => (this.#wake = r));
-      this.#wake = undefined;
+      trigger = this.#openTokens.length === 1
+        ? { tokens: this.#openTokens, patterns: [] }
+        : { tokens: [], patterns: [`[\\s\\S]*?(${escapeRegExp(this.dialect.open)}[\\s\\S]*)`] };
+    } else return null;
+    const grammar = GrammarConstraint.create(this.#model, text, trigger);
+    if (!grammar) {
+      this.#log.error("llama.cpp rejected a generated grammar", { grammar: text.slice(0, 2000) });
+      throw new Error("the output grammar could not be built");
     }
+    return grammar;
+  }
+
+  /** One call (or, with parallel calls, up to MAX_PARALLEL_CALLS) of the given tools. */
+  #callsGrammar(job: ChatJob, tools: EngineTool[], inThink: boolean, thinking: boolean): string {
+    const g = new JsonGrammar();
+    const calls = tools.map((t) =>
+      this.dialect.callRule(
+        g,
+        t,
+        `tools[${job.tools.indexOf(t)}].function.parameters`,
+        `t${job.tools.indexOf(t)}`,
+      )
+    );
+    const call = g.rules.add("call", calls.join(" | "));
+    const more = job.parallelToolCalls ? ` ( "\\n" ${call} ){0,${MAX_PARALLEL_CALLS - 1}}` : "";
+    return g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${call}${more}`);
+  }
+
+  dispose(): Promise<void> {
+    this.#batch.free();
+    this.#ctx.free();
+    this.#model.free();
+    return Promise.resolve();
+  }
+}
+
+/** The reasoning a constrained answer may start with, as a grammar prefix. */
+function thinkPrefix(g: JsonGrammar, inThink: boolean, thinking: boolean): string {
+  if (!thinking && !inThink) return "";
+  const reasoning = textWithout(g.rules, "reasoning", ["</think>", "<think>"]);
+  const close = `${reasoning} "</think>" "\\n"{0,2} `;
+  return inThink ? close : `( "<think>" ${close})? `;
+}
+
+/** Positions where a turn starts (`<|im_start|>`): good places for recurrent-state checkpoints. */
+function turnStarts(tokens: readonly number[], marker: number[]): number[] {
+  if (marker.length !== 1) return [];
+  const out: number[] = [];
+  tokens.forEach((t, i) => t === marker[0] && i > 0 && out.push(i));
+  return out;
+}
+
+function escapeRegExp(text: string): string {
+  return text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+}
+
+/** OpenAI-style sampling options as the sampler's settings (OpenAI's defaults). */
+function samplingParams(s: SamplingOptions, seed: number) {
+  return {
+    temperature: s.temperature ?? 1,
+    topK: s.topK ?? 0,
+    topP: s.topP ?? 1,
+    minP: s.minP ?? 0,
+    seed,
+    presencePenalty: s.presencePenalty ?? 0,
+    frequencyPenalty: s.frequencyPenalty ?? 0,
+    repeatPenalty: s.repeatPenalty ?? 1,
+    logitBias: new Map(
+      Object.entries(s.logitBias ?? {}).map(([t, v]) => [Number(t), v <= -100 ? -Infinity : v]),
+    ),
+  };
+}
+
+/** Turns one choice's tokens into events: text, stop sequences, reasoning, tool calls. */
+class ChoiceOutput {
+  readonly #decoder = new TextDecoder();
+  readonly #stops: StopMatcher;
+  readonly #parser: OutputParser;
+  readonly #ids: string[] = [];
+  #tokens = 0;
+  #reasoningTokens = 0;
+  #ended = false;
+  #pendingLogprobs: TokenLogprobInfo[] = [];
+
+  constructor(
+    readonly index: number,
+    readonly engine: LlamaChatEngine,
+    readonly job: ChatJob,
+    inThink: boolean,
+    readonly queue: EventQueue<ChatEvent>,
+  ) {
+    this.#stops = new StopMatcher(job.stop);
+    this.#parser = new OutputParser(engine.dialect, job.toolChoice === "none" ? [] : job.tools, inThink);
+  }
+
+  /** A generated token; false when a stop sequence ended the choice. */
+  token(token: number, logprob?: TokenLogprob): boolean {
+    this.#tokens++;
+    const wasReasoning = this.#parserMode() === "reasoning";
+    if (wasReasoning) this.#reasoningTokens++;
+    if (logprob) this.#pendingLogprobs.push(this.#logprobInfo(logprob));
+    const text = this.#decoder.decode(this.engine.piece(token), { stream: true });
+    const { text: safe, stopped } = this.#stops.push(text);
+    this.#parse(safe);
+    return !stopped;
+  }
+
+  end(cause: "eog" | "length" | "stop") {
+    if (this.#ended) return;
+    this.#ended = true;
+    if (cause !== "stop") this.#parse(this.#decoder.decode() + this.#stops.flush());
+    this.#forward(this.#parser.end());
+    this.#flushLogprobs();
+    const finishReason: FinishReason = cause === "length"
+      ? "length"
+      : this.#parser.calls > 0
+      ? "tool_calls"
+      : "stop";
+    this.queue.push({
+      type: "end",
+      choice: this.index,
+      finishReason,
+      completionTokens: this.#tokens,
+      reasoningTokens: this.#reasoningTokens,
+    });
+  }
+
+  #parserMode(): "content" | "reasoning" | "tool" {
+    const mode = this.#parser.mode;
+    return mode === "call" ? "tool" : mode;
+  }
+
+  #parse(text: string) {
+    if (!text) return;
+    this.#forward(this.#parser.push(text));
+  }
+
+  #forward(pieces: OutputPiece[]) {
+    for (const p of pieces) {
+      switch (p.type) {
+        case "content":
+          this.queue.push({ type: "content", choice: this.index, text: p.text });
+          break;
+        case "reasoning":
+          this.queue.push({ type: "reasoning", choice: this.index, text: p.text });
+          break;
+        case "call_start": {
+          const id = `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`;
+          this.#ids[p.index] = id;
+          this.queue.push({ type: "tool_call_start", choice: this.index, index: p.index, id, name: p.name });
+          break;
+        }
+        case "call_arguments":
+          this.queue.push({ type: "tool_call_arguments", choice: this.index, index: p.index, text: p.text });
+          break;
+        case "call_end":
+          break;
+      }
+    }
+    this.#flushLogprobs();
+  }
+
+  #flushLogprobs() {
+    if (this.#pendingLogprobs.length === 0) return;
+    this.queue.push({
+      type: "logprobs",
+      choice: this.index,
+      channel: this.#parserMode(),
+      entries: this.#pendingLogprobs,
+    });
+    this.#pendingLogprobs = [];
+  }
+
+  #logprobInfo(lp: TokenLogprob): TokenLogprobInfo {
+    return {
+      ...this.engine.tokenInfo(lp.token),
+      logprob: lp.logprob,
+      top: lp.top.map((t) => ({ ...this.engine.tokenInfo(t.token), logprob: t.logprob })),
+    };
   }
 }

@@ -1,56 +1,130 @@
-/** GGUF embedding models through node-llama-cpp. */
-import type { Llama, LlamaEmbeddingContext, LlamaModel } from "node-llama-cpp";
+/**
+ * GGUF embedding models: inputs from all requests share decodes as separate sequences of one
+ * context. For last-token pooling (Qwen3-Embedding) every token but the last is decoded without
+ * any output, then the last tokens of all finished inputs are decoded together with embeddings
+ * on: the vocabulary projection then runs for one token per input instead of every token, which
+ * bounds both time and memory. Mean and CLS pooling accumulate per-token states chunk by chunk.
+ */
 import type { EmbeddingEngine } from "../types.ts";
+import type { LlamaLibrary } from "./ffi.ts";
+import { nativeView } from "./ffi.ts";
+import { Batch, NativeContext, NativeModel } from "./native.ts";
 
 /** How to load a GGUF embedding model. */
 export interface LlamaEmbeddingOptions {
   modelPath: string;
-  gpuLayers?: number | "auto" | "max";
+  gpuLayers: number;
   threads: number;
-  /** Contexts that embed concurrently; the threads are split between them. */
-  parallel: number;
+  /** Longest input in tokens. */
   maxInputTokens: number;
+  /** Pooling; default: the GGUF's, else last. */
+  pooling?: "last" | "mean" | "cls";
+  /** Inputs in flight at once (sequences of the context). */
+  sequences?: number;
+  /** Tokens per decode. */
+  batchTokens?: number;
 }
 
-/**
- * A pool of embedding contexts over one model. node-llama-cpp's embedding context reads the
- * pooled vector of sequence 0 only, so concurrency comes from several contexts, not sequences.
- */
+/** Counters for metrics and tests. */
+export interface EmbeddingStats {
+  tokensEvaluated: number;
+  decodes: number;
+  inputsDone: number;
+  inputsInFlight: number;
+  inputsQueued: number;
+}
+
+interface Input {
+  ids: readonly number[];
+  /** Tokens fed so far. */
+  fed: number;
+  seq: number;
+  sum?: Float64Array;
+  signal?: AbortSignal;
+  resolve: (v: Float32Array) => void;
+  reject: (e: unknown) => void;
+}
+
+/** Extra KV cells beyond the longest input, so short inputs are admitted beside a long one. */
+const RESERVE = 2048;
+const POOLING_IDS: Record<string, "mean" | "cls" | "last"> = { "1": "mean", "2": "cls", "3": "last" };
+
+/** One context; inputs of all requests are interleaved in its sequences. */
 export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly nativeDims: number;
   readonly vocabSize: number;
-  readonly #model: LlamaModel;
-  readonly #idle: LlamaEmbeddingContext[];
-  readonly #waiting: ((ctx: LlamaEmbeddingContext) => void)[] = [];
-  readonly #eos: number;
+  readonly pooling: "last" | "mean" | "cls";
+  readonly #model: NativeModel;
+  readonly #ctx: NativeContext;
+  readonly #batch: Batch;
+  readonly #queue: Input[] = [];
+  readonly #active: Input[] = [];
+  readonly #freeSeqs: number[];
+  #kvUsed = 0;
+  #running: Promise<void> | undefined;
+  readonly stats: EmbeddingStats = {
+    tokensEvaluated: 0,
+    decodes: 0,
+    inputsDone: 0,
+    inputsInFlight: 0,
+    inputsQueued: 0,
+  };
 
-  private constructor(model: LlamaModel, contexts: LlamaEmbeddingContext[]) {
+  private constructor(
+    model: NativeModel,
+    ctx: NativeContext,
+    batch: Batch,
+    pooling: "last" | "mean" | "cls",
+  ) {
     this.#model = model;
-    this.#idle = contexts;
-    this.nativeDims = model.embeddingVectorSize;
-    this.vocabSize = model.fileInfo.metadata.tokenizer.ggml.tokens.length;
-    const eos = model.tokens.eos;
-    if (eos == null) throw new Error("the embedding model has no end-of-text token");
-    this.#eos = eos;
+    this.#ctx = ctx;
+    this.#batch = batch;
+    this.pooling = pooling;
+    this.nativeDims = model.nEmbd;
+    this.vocabSize = model.nVocab;
+    this.#freeSeqs = Array.from({ length: ctx.nSeqMax }, (_, i) => i);
+    if (model.eos < 0) throw new Error("the embedding model has no end-of-text token");
   }
 
-  /** Loads the model and creates the context pool. */
-  static async load(llama: Llama, opts: LlamaEmbeddingOptions): Promise<LlamaEmbeddingEngine> {
-    const model = await llama.loadModel({ modelPath: opts.modelPath, gpuLayers: opts.gpuLayers });
-    const parallel = Math.max(1, opts.parallel);
-    const threads = Math.max(1, Math.floor(opts.threads / parallel));
-    const contextSize = opts.maxInputTokens + 1;
-    const contexts: LlamaEmbeddingContext[] = [];
+  /**
+   * Loads the model and its context.
+   *
+   * @example
+   * ```ts
+   * const engine = await LlamaEmbeddingEngine.load(lib, { modelPath, gpuLayers: 0, threads: 2, maxInputTokens: 8192 });
+   * ```
+   */
+  static async load(lib: LlamaLibrary, opts: LlamaEmbeddingOptions): Promise<LlamaEmbeddingEngine> {
+    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers);
     try {
-      for (let i = 0; i < parallel; i++) {
-        contexts.push(await model.createEmbeddingContext({ contextSize, batchSize: contextSize, threads }));
-      }
+      const arch = model.meta("general.architecture");
+      const pooling = opts.pooling ?? POOLING_IDS[model.meta(`${arch}.pooling_type`) ?? ""] ?? "last";
+      // Mean and CLS pooling read every token's state: smaller chunks bound the outputs' memory.
+      const batchTokens = opts.batchTokens ?? (pooling === "last" ? 1024 : 256);
+      const sequences = opts.sequences ?? 64;
+      const ctx = await NativeContext.create(model, {
+        nCtx: opts.maxInputTokens + RESERVE,
+        nBatch: batchTokens,
+        nUbatch: batchTokens,
+        nSeqMax: sequences,
+        threads: opts.threads,
+        embeddings: false,
+        pooling: "none",
+        kvUnified: true,
+      });
+      return new LlamaEmbeddingEngine(model, ctx, new Batch(lib, batchTokens), pooling);
     } catch (e) {
-      for (const c of contexts) await c.dispose();
-      await model.dispose();
+      model.free();
       throw e;
     }
-    return new LlamaEmbeddingEngine(model, contexts);
+  }
+
+  counters(): Record<string, number> {
+    return {
+      tokens_evaluated: this.stats.tokensEvaluated,
+      decodes: this.stats.decodes,
+      inputs_embedded: this.stats.inputsDone,
+    };
   }
 
   tokenize(text: string): Promise<number[]> {
@@ -59,36 +133,154 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
 
   completeTokens(ids: readonly number[]): number[] {
     // Qwen3-Embedding reads the hidden state of an appended end-of-text token (last-token pooling).
-    return ids.at(-1) === this.#eos ? [...ids] : [...ids, this.#eos];
+    if (this.pooling !== "last") return [...ids];
+    return ids.at(-1) === this.#model.eos ? [...ids] : [...ids, this.#model.eos];
   }
 
-  async embed(sequences: readonly (readonly number[])[], signal?: AbortSignal): Promise<Float32Array[]> {
-    return await Promise.all(sequences.map(async (tokens) => {
-      const ctx = await this.#acquire();
+  embed(sequences: readonly (readonly number[])[], signal?: AbortSignal): Promise<Float32Array[]> {
+    signal?.throwIfAborted();
+    const tooLong = sequences.find((s) => s.length > this.#ctx.nCtx - RESERVE + 1);
+    if (tooLong) return Promise.reject(new Error(`an input of ${tooLong.length} tokens exceeds the context`));
+    const results = sequences.map((ids) =>
+      new Promise<Float32Array>((resolve, reject) =>
+        this.#queue.push({ ids, fed: 0, seq: -1, signal, resolve, reject })
+      )
+    );
+    this.stats.inputsQueued = this.#queue.length;
+    this.#running ??= this.#loop().finally(() => (this.#running = undefined));
+    return Promise.all(results);
+  }
+
+  async #loop(): Promise<void> {
+    while (this.#queue.length > 0 || this.#active.length > 0) {
+      this.#dropCancelled();
+      this.#admit();
+      if (this.#active.length === 0) continue;
       try {
-        signal?.throwIfAborted();
-        const { vector } = await ctx.getEmbeddingFor([...tokens] as never);
-        return Float32Array.from(vector);
-      } finally {
-        this.#release(ctx);
+        if (this.pooling === "last") await this.#stepLast();
+        else await this.#stepAll();
+      } catch (e) {
+        for (const input of [...this.#active]) this.#done(input, undefined, e);
       }
-    }));
+    }
   }
 
-  #acquire(): Promise<LlamaEmbeddingContext> {
-    const ctx = this.#idle.pop();
-    if (ctx) return Promise.resolve(ctx);
-    return new Promise((resolve) => this.#waiting.push(resolve));
+  #dropCancelled() {
+    for (const input of [...this.#queue]) {
+      if (input.signal?.aborted) {
+        this.#queue.splice(this.#queue.indexOf(input), 1);
+        input.reject(input.signal.reason);
+      }
+    }
+    for (const input of [...this.#active]) {
+      if (input.signal?.aborted) this.#done(input, undefined, input.signal.reason);
+    }
+    this.stats.inputsQueued = this.#queue.length;
   }
 
-  #release(ctx: LlamaEmbeddingContext) {
-    const next = this.#waiting.shift();
-    if (next) next(ctx);
-    else this.#idle.push(ctx);
+  /** Moves queued inputs into free sequences while their tokens fit in the KV cache. */
+  #admit() {
+    while (this.#queue.length > 0 && this.#freeSeqs.length > 0) {
+      const next = this.#queue[0];
+      if (this.#kvUsed + next.ids.length > this.#ctx.nCtx && this.#active.length > 0) return;
+      this.#queue.shift();
+      next.seq = this.#freeSeqs.pop()!;
+      this.#kvUsed += next.ids.length;
+      this.#active.push(next);
+    }
+    this.stats.inputsQueued = this.#queue.length;
+    this.stats.inputsInFlight = this.#active.length;
+  }
+
+  /** Body tokens without outputs (shortest inputs first), then the last tokens with embeddings. */
+  async #stepLast() {
+    const batch = this.#batch;
+    batch.clear();
+    const byRemaining = [...this.#active].sort((a, b) => (a.ids.length - a.fed) - (b.ids.length - b.fed));
+    const fedNow = new Map<Input, number>();
+    for (const input of byRemaining) {
+      const end = Math.min(input.ids.length - 1, input.fed + batch.room);
+      for (let i = input.fed; i < end; i++) batch.add(input.ids[i], i, input.seq, false);
+      if (end > input.fed) fedNow.set(input, end);
+      if (batch.room === 0) break;
+    }
+    if (batch.size > 0) {
+      this.#ctx.setEmbeddings(false);
+      await this.#decode();
+      for (const [input, end] of fedNow) input.fed = end;
+    }
+    const ready = this.#active.filter((i) => i.fed === i.ids.length - 1).slice(0, batch.capacity);
+    if (ready.length === 0) return;
+    batch.clear();
+    const outs = ready.map((input) => batch.add(input.ids[input.fed], input.fed, input.seq, true));
+    this.#ctx.setEmbeddings(true);
+    await this.#decode();
+    ready.forEach((input, k) => {
+      input.fed++;
+      this.#done(input, this.#row(outs[k]).slice());
+    });
+  }
+
+  /** Every token with its state (mean or CLS pooling), chunk by chunk. */
+  async #stepAll() {
+    const batch = this.#batch;
+    batch.clear();
+    const taken: { input: Input; from: number; to: number; at: number }[] = [];
+    const byRemaining = [...this.#active].sort((a, b) => (a.ids.length - a.fed) - (b.ids.length - b.fed));
+    for (const input of byRemaining) {
+      const to = Math.min(input.ids.length, input.fed + batch.room);
+      if (to <= input.fed) break;
+      const at = batch.size;
+      for (let i = input.fed; i < to; i++) batch.add(input.ids[i], i, input.seq, true);
+      taken.push({ input, from: input.fed, to, at });
+    }
+    this.#ctx.setEmbeddings(true);
+    await this.#decode();
+    for (const t of taken) {
+      const input = t.input;
+      input.sum ??= new Float64Array(this.nativeDims);
+      for (let i = t.from; i < t.to; i++) {
+        if (this.pooling === "cls" && i > 0) break;
+        const row = this.#row(t.at + (i - t.from));
+        for (let d = 0; d < row.length; d++) input.sum[d] += row[d];
+      }
+      input.fed = t.to;
+      if (input.fed === input.ids.length) {
+        const n = this.pooling === "cls" ? 1 : input.ids.length;
+        this.#done(input, Float32Array.from(input.sum, (v) => v / n));
+      }
+    }
+  }
+
+  async #decode() {
+    this.stats.decodes++;
+    this.stats.tokensEvaluated += this.#batch.size;
+    await this.#ctx.decode(this.#batch);
+  }
+
+  /** The output state of batch position `i` (a view). */
+  #row(i: number): Float32Array {
+    const ptr = this.#ctx.lib.symbols.llama_get_embeddings_ith(this.#ctx.ptr, i);
+    return nativeView(Float32Array, ptr, this.nativeDims);
+  }
+
+  #done(input: Input, vector?: Float32Array, error?: unknown) {
+    const i = this.#active.indexOf(input);
+    if (i >= 0) this.#active.splice(i, 1);
+    this.#ctx.removeTokens(input.seq, -1, -1);
+    this.#freeSeqs.push(input.seq);
+    this.#kvUsed -= input.ids.length;
+    this.stats.inputsInFlight = this.#active.length;
+    if (vector) {
+      this.stats.inputsDone++;
+      input.resolve(vector);
+    } else input.reject(error);
   }
 
   async dispose(): Promise<void> {
-    for (const c of this.#idle) await c.dispose();
-    await this.#model.dispose();
+    await this.#running?.catch(() => {});
+    this.#batch.free();
+    this.#ctx.free();
+    this.#model.free();
   }
 }

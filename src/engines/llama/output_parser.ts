@@ -1,41 +1,67 @@
 /**
- * Splits streamed model text of Qwen-style chat models into reasoning (`<think>…</think>`),
- * content and tool calls (`<tool_call>{"name", "arguments"}</tool_call>`), holding back a
- * partial tag at a chunk's end so that tags split across chunks are still recognised.
+ * Splits a chat model's streamed text into reasoning (`<think>…</think>`), content and tool
+ * calls, whose inside the model's dialect parses. Tags split across chunks are held back until
+ * they are complete.
  */
+import type { EngineTool } from "../types.ts";
+import type { CallEvent, CallParser, ToolDialect } from "./dialects/index.ts";
 
 /** One piece of parsed output. */
-export type ParsedPiece =
+export type OutputPiece =
   | { type: "content"; text: string }
   | { type: "reasoning"; text: string }
-  | { type: "tool_call"; name: string; arguments: string }
-  | { type: "invalid_tool_call"; raw: string };
+  | { type: "call_start"; index: number; name: string }
+  | { type: "call_arguments"; index: number; text: string }
+  /** `complete`: the call's closing tag was written (false: the output ended inside it). */
+  | { type: "call_end"; index: number; complete: boolean };
 
-const TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>"] as const;
+const THINK_OPEN = "<think>";
+const THINK_CLOSE = "</think>";
 
 /**
  * A streaming parser: `push` chunks, then `end`.
  *
  * @example
  * ```ts
- * const p = new QwenOutputParser(false);
+ * const p = new OutputParser(jsonDialect, tools, false);
  * p.push("<think>hm</think>Hi"); // [{type:"reasoning",text:"hm"}, {type:"content",text:"Hi"}]
  * ```
  */
-export class QwenOutputParser {
-  #mode: "content" | "reasoning" | "tool_call";
+export class OutputParser {
+  readonly #dialect: ToolDialect;
+  readonly #tools: readonly EngineTool[];
+  readonly #tags: string[];
+  #mode: "content" | "reasoning" | "call";
   #held = "";
-  #call = "";
   #seenContent = false;
+  /** Newlines here are layout (after </think>, between calls), not content. */
+  #stripNewlines = true;
+  #call: { parser: CallParser; raw: string; started: boolean; index: number } | undefined;
+  #calls = 0;
 
-  /** `startInReasoning`: the prompt already opened a `<think>` block. */
-  constructor(startInReasoning: boolean) {
+  /**
+   * `tools`: the offered tools (none: call tags are plain text); `startInReasoning`: the prompt
+   * already opened a `<think>` block.
+   */
+  constructor(dialect: ToolDialect, tools: readonly EngineTool[], startInReasoning: boolean) {
+    this.#dialect = dialect;
+    this.#tools = tools;
     this.#mode = startInReasoning ? "reasoning" : "content";
+    this.#tags = [THINK_OPEN, THINK_CLOSE, ...(tools.length > 0 ? [dialect.open, dialect.close] : [])];
   }
 
-  /** Parses a chunk; returns the pieces that are complete. */
-  push(chunk: string): ParsedPiece[] {
-    const out: ParsedPiece[] = [];
+  /** Tool calls started so far. */
+  get calls(): number {
+    return this.#calls;
+  }
+
+  /** Where the next text goes: content, reasoning or a tool call. */
+  get mode(): "content" | "reasoning" | "call" {
+    return this.#mode;
+  }
+
+  push(chunk: string): OutputPiece[] {
+    const out: OutputPiece[] = [];
     let text = this.#held + chunk;
     this.#held = "";
     while (text.length > 0) {
@@ -46,13 +72,13 @@ export class QwenOutputParser {
       }
       if (at > 0) this.#emit(out, text.slice(0, at));
       text = text.slice(at);
-      const tag = TAGS.find((t) => text.startsWith(t));
+      const tag = this.#tags.find((t) => text.startsWith(t));
       if (tag) {
         this.#onTag(out, tag);
         text = text.slice(tag.length);
         continue;
       }
-      if (TAGS.some((t) => t.startsWith(text))) {
+      if (this.#tags.some((t) => t.startsWith(text))) {
         this.#held = text; // maybe the start of a tag: wait for more
         break;
       }
@@ -62,74 +88,80 @@ export class QwenOutputParser {
     return out;
   }
 
-  /** Flushes what is held; an unterminated tool call is reported as invalid. */
-  end(): ParsedPiece[] {
-    const out: ParsedPiece[] = [];
+  /** Flushes held text; a call the output ended inside is closed as incomplete (never shown as text). */
+  end(): OutputPiece[] {
+    const out: OutputPiece[] = [];
     if (this.#held) this.#emit(out, this.#held);
     this.#held = "";
-    if (this.#mode === "tool_call") out.push({ type: "invalid_tool_call", raw: `<tool_call>${this.#call}` });
+    if (this.#mode === "call") this.#closeCall(out, false);
     return out;
   }
 
-  #emit(out: ParsedPiece[], text: string) {
+  #emit(out: OutputPiece[], text: string) {
     if (!text) return;
-    if (this.#mode === "tool_call") {
-      this.#call += text;
+    if (this.#mode === "call") {
+      const call = this.#call!;
+      call.raw += text;
+      this.#forward(out, call.parser.push(text));
       return;
     }
     const type = this.#mode;
     if (type === "content") {
-      // Templates put blank lines after </think>; they are not content.
-      if (!this.#seenContent) text = text.replace(/^\n+/, "");
+      // Templates put blank lines after </think> and between calls; they are not content.
+      if (this.#stripNewlines) text = text.replace(/^\n+/, "");
       if (!text) return;
       this.#seenContent = true;
+      this.#stripNewlines = false;
     }
     const last = out.at(-1);
     if (last && last.type === type) last.text += text;
     else out.push({ type, text });
   }
 
-  #onTag(out: ParsedPiece[], tag: (typeof TAGS)[number]) {
-    if (this.#mode === "tool_call") {
-      if (tag === "</tool_call>") {
-        out.push(parseCall(this.#call));
-        this.#call = "";
-        this.#mode = "content";
-      } else this.#call += tag;
+  #forward(out: OutputPiece[], events: CallEvent[]) {
+    const call = this.#call!;
+    for (const e of events) {
+      if (e.type === "name") {
+        call.started = true;
+        out.push({ type: "call_start", index: call.index, name: e.name });
+      } else if (call.started) {
+        const last = out.at(-1);
+        if (last?.type === "call_arguments" && last.index === call.index) last.text += e.text;
+        else out.push({ type: "call_arguments", index: call.index, text: e.text });
+      }
+    }
+  }
+
+  #onTag(out: OutputPiece[], tag: string) {
+    if (this.#mode === "call") {
+      if (tag === this.#dialect.close) this.#closeCall(out, true);
+      else this.#emit(out, tag);
       return;
     }
-    if (tag === "<think>" && !this.#seenContent) this.#mode = "reasoning";
-    else if (tag === "</think>" && this.#mode === "reasoning") this.#mode = "content";
-    else if (tag === "<tool_call>" && this.#mode === "content") this.#mode = "tool_call";
-    else this.#emit(out, tag);
+    if (tag === THINK_OPEN && !this.#seenContent && this.#mode === "content") this.#mode = "reasoning";
+    else if (tag === THINK_CLOSE && this.#mode === "reasoning") {
+      this.#mode = "content";
+      this.#stripNewlines = true;
+    } else if (tag === this.#dialect.open && this.#mode === "content") {
+      this.#mode = "call";
+      this.#call = { parser: this.#dialect.parser(this.#tools), raw: "", started: false, index: this.#calls };
+    } else this.#emit(out, tag);
   }
-}
 
-function parseCall(raw: string): ParsedPiece {
-  try {
-    const v = JSON.parse(raw.trim());
-    if (typeof v?.name === "string" && v.arguments !== undefined) {
-      if (typeof v.arguments === "string") return { type: "tool_call", name: v.name, arguments: v.arguments };
-      return { type: "tool_call", name: v.name, arguments: rawArguments(raw) ?? JSON.stringify(v.arguments) };
+  #closeCall(out: OutputPiece[], closed: boolean) {
+    const call = this.#call!;
+    this.#call = undefined;
+    this.#mode = "content";
+    const { events, result } = call.parser.end(closed);
+    this.#call = call;
+    this.#forward(out, events);
+    this.#call = undefined;
+    if (result.ok && call.started) {
+      this.#calls++;
+      out.push({ type: "call_end", index: call.index, complete: closed });
+      this.#stripNewlines = true;
+    } else if (closed) {
+      this.#emit(out, `${this.#dialect.open}${call.raw}${this.#dialect.close}`);
     }
-  } catch { /* falls through */ }
-  return { type: "invalid_tool_call", raw: `<tool_call>${raw}</tool_call>` };
-}
-
-/** The model's own text of `"arguments"` when it is the last key (Qwen's format), else undefined. */
-function rawArguments(raw: string): string | undefined {
-  const m = raw.match(/"arguments"\s*:\s*([\s\S]*)\}\s*$/);
-  if (!m) return undefined;
-  const text = m[1].trim();
-  try {
-    JSON.parse(text);
-    return compactJson(text);
-  } catch {
-    return undefined;
   }
-}
-
-/** Removes insignificant whitespace from valid JSON text without reinterpreting its numbers. */
-function compactJson(text: string): string {
-  return text.replace(/"(?:[^"\\]|\\.)*"|\s+/g, (m) => (m.startsWith('"') ? m : ""));
 }

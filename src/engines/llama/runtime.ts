@@ -1,5 +1,5 @@
 /** One shared node-llama-cpp runtime per GPU setting (loading the native backend is costly). */
-import { getLlama, type Llama, LlamaLogLevel } from "node-llama-cpp";
+import { getLlama, GgufInsights, type Llama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Logger } from "../../log.ts";
 
 /** GPU choice as configured. */
@@ -39,4 +39,25 @@ export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
 /** Threads for one engine: the configured count, never more than the cores. */
 export function engineThreads(configured: number): number {
   return Math.max(1, Math.min(configured, navigator.hardwareConcurrency || 1));
+}
+
+/**
+ * Layers to offload as llama.cpp counts them (-1 = all): `max` offloads everything, `auto` asks
+ * node-llama-cpp's estimator what fits in free VRAM, a number is taken as is; CPU builds get 0.
+ *
+ * @example
+ * ```ts
+ * const layers = await resolveGpuLayers(llama, "model.gguf", "auto");
+ * ```
+ */
+export async function resolveGpuLayers(
+  llama: Llama,
+  modelPath: string,
+  setting: number | "auto" | "max" | undefined,
+): Promise<number> {
+  if (!llama.gpu) return 0;
+  if (setting === "max") return -1;
+  if (typeof setting === "number") return setting;
+  const insights = await GgufInsights.from(await readGgufFileInfo(modelPath), llama);
+  return (await insights.configurationResolver.resolveModelGpuLayersV2("auto")).gpuLayers;
 }

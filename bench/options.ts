@@ -1,0 +1,179 @@
+/** The benchmark's command line: flags, environment variables, and what they resolve to. */
+import { parseArgs } from "node:util";
+
+/** The usage text of `deno task bench --help`. */
+export const USAGE = `deno task bench [options]
+
+  --quick                      1 repetition, 32 decode tokens, fewer streams and sentences (< 2 min alone)
+  --tiny                       the tiny presets: checks the harness, not the speed
+  --reps N                     repetitions (default 3; --quick: 1)
+  --scenarios LIST             chat,concurrency,embeddings,overhead (default: all)
+  --threads N                  CPU threads of every engine and server (default: all cores)
+  --slots N                    chat slots (parallel sequences) (default: the most concurrent streams)
+  --ctx N                      chat context per slot, tokens (default 1024; 4096 with --baseline llama-server)
+  --embed-slots N              llama-server's embedding slots (default 64: vserve's embedding engine
+                               keeps up to 64 inputs in flight in one decode loop)
+  --embed-backend llama|onnx   vserve's embedding engine (default llama)
+  --out DIR                    where latest.md / latest.json go (default bench/results)
+  --in-process, --no-in-process
+                               the in-process column (the engines called directly) (default: on, off
+                               with --baseline llama-server)
+
+  --baseline llama-server      also run llama.cpp's llama-server (built once from node-llama-cpp's
+                               llama.cpp source; see bench/README.md) on the same files and settings
+  --llama-server-bin PATH      use this llama-server binary, build nothing  (env VSERVE_BENCH_LLAMA_SERVER)
+  --llama-server-cache DIR     where the build goes            (env VSERVE_BENCH_LLAMA_CACHE;
+                               default \${XDG_CACHE_HOME:-$HOME/.cache}/vserve/llama-server)
+
+  --baseline-url URL           any running OpenAI-compatible server as the baseline, with
+  --baseline-key K --baseline-chat-model M --baseline-embedding-model M
+`;
+
+/** Everything the benchmark run needs to know from its command line. */
+export interface BenchOptions {
+  help: boolean;
+  quick: boolean;
+  tiny: boolean;
+  reps: number;
+  scenarios: Set<string>;
+  threads: number | undefined;
+  embedBackend: "llama" | "onnx";
+  out: string;
+  inProcess: boolean;
+  /** Concurrent chat streams measured in the aggregate-decode scenario. */
+  concurrency: number[];
+  slots: number;
+  ctxPerSlot: number;
+  /** Slots of llama-server's embedding process. */
+  embedSlots: number;
+  decodeTokens: number;
+  promptWords: number;
+  sentenceCount: number;
+  baseline?:
+    | { kind: "llama-server"; binary?: string; cache?: string }
+    | { kind: "url"; url: string; key: string; chatModel?: string; embeddingModel?: string };
+}
+
+/** A command line that cannot run; the message says why. */
+export class UsageError extends Error {}
+
+const SCENARIOS = ["chat", "concurrency", "embeddings", "overhead"];
+
+/**
+ * Parses the benchmark's flags (and the environment variables that stand in for some of them).
+ *
+ * @example
+ * ```ts
+ * parseBenchArgs(["--baseline", "llama-server", "--quick"], {}).inProcess; // false
+ * ```
+ */
+export function parseBenchArgs(args: string[], env: Record<string, string | undefined>): BenchOptions {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args,
+      options: {
+        quick: { type: "boolean", default: false },
+        tiny: { type: "boolean", default: false },
+        reps: { type: "string" },
+        scenarios: { type: "string", default: SCENARIOS.join(",") },
+        threads: { type: "string" },
+        slots: { type: "string" },
+        ctx: { type: "string" },
+        "embed-slots": { type: "string" },
+        "embed-backend": { type: "string", default: "llama" },
+        out: { type: "string", default: "bench/results" },
+        "in-process": { type: "boolean" },
+        "no-in-process": { type: "boolean" },
+        baseline: { type: "string" },
+        "llama-server-bin": { type: "string" },
+        "llama-server-cache": { type: "string" },
+        "baseline-url": { type: "string" },
+        "baseline-key": { type: "string", default: "none" },
+        "baseline-chat-model": { type: "string" },
+        "baseline-embedding-model": { type: "string" },
+        help: { type: "boolean", default: false },
+      },
+    }));
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
+  const int = (name: string, v: string | undefined, min: number) => {
+    if (v === undefined) return undefined;
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < min) {
+      throw new UsageError(`--${name} must be an integer ≥ ${min}, got '${v}'`);
+    }
+    return n;
+  };
+  const quick = values.quick!;
+  const scenarios = new Set(values.scenarios!.split(",").map((s) => s.trim()).filter(Boolean));
+  for (const s of scenarios) {
+    if (!SCENARIOS.includes(s)) {
+      throw new UsageError(`unknown scenario '${s}' (known: ${SCENARIOS.join(", ")})`);
+    }
+  }
+  const embedBackend = values["embed-backend"];
+  if (embedBackend !== "llama" && embedBackend !== "onnx") {
+    throw new UsageError(`--embed-backend must be llama or onnx, got '${embedBackend}'`);
+  }
+
+  let baseline: BenchOptions["baseline"];
+  if (values.baseline !== undefined) {
+    if (values.baseline !== "llama-server") {
+      throw new UsageError(
+        `--baseline accepts only 'llama-server' (or use --baseline-url), got '${values.baseline}'`,
+      );
+    }
+    if (values["baseline-url"]) throw new UsageError("--baseline and --baseline-url exclude each other");
+    if (embedBackend === "onnx") throw new UsageError("llama-server cannot serve the ONNX embedding model");
+    baseline = {
+      kind: "llama-server",
+      binary: values["llama-server-bin"] ?? (env.VSERVE_BENCH_LLAMA_SERVER || undefined),
+      cache: values["llama-server-cache"],
+    };
+  } else if (values["llama-server-bin"] || values["llama-server-cache"]) {
+    throw new UsageError("--llama-server-bin and --llama-server-cache need --baseline llama-server");
+  } else if (values["baseline-url"]) {
+    baseline = {
+      kind: "url",
+      url: values["baseline-url"].replace(/\/$/, ""),
+      key: values["baseline-key"]!,
+      chatModel: values["baseline-chat-model"],
+      embeddingModel: values["baseline-embedding-model"],
+    };
+  }
+  const llamaServer = baseline?.kind === "llama-server";
+
+  if (values["in-process"] && values["no-in-process"]) {
+    throw new UsageError("--in-process and --no-in-process exclude each other");
+  }
+  const inProcess = values["in-process"] ?? (values["no-in-process"] ? false : !llamaServer);
+
+  const concurrency = quick ? (llamaServer ? [1, 4, 8] : [1, 4]) : [1, 2, 4, 8];
+  const slots = int("slots", values.slots, 1) ?? Math.max(...concurrency);
+  if (slots < Math.max(...concurrency)) {
+    throw new UsageError(
+      `--slots ${slots} is fewer than the ${Math.max(...concurrency)} concurrent streams measured`,
+    );
+  }
+  return {
+    help: values.help!,
+    quick,
+    tiny: values.tiny!,
+    reps: int("reps", values.reps, 1) ?? (quick ? 1 : 3),
+    scenarios,
+    threads: int("threads", values.threads, 1),
+    embedBackend,
+    out: values.out!,
+    inProcess,
+    concurrency,
+    slots,
+    ctxPerSlot: int("ctx", values.ctx, 256) ?? (llamaServer ? 4096 : 1024),
+    embedSlots: int("embed-slots", values["embed-slots"], 1) ?? 64,
+    decodeTokens: quick ? 32 : 128,
+    promptWords: quick ? 120 : 400, // ~1.25 tokens per word: ~500 tokens in full mode
+    sentenceCount: quick ? 16 : 64,
+    baseline,
+  };
+}

@@ -1,0 +1,108 @@
+/**
+ * The benchmark's workload: prompts, sentences, the chat request body, and the one client code every
+ * OpenAI-compatible server is measured with (vserve and any baseline alike).
+ */
+import type OpenAI from "openai";
+
+const FILLER = "the river carries light across stones while distant bells count the hours of a quiet town"
+  .split(" ");
+
+/** A prompt of `words` filler words, made unique by `tag` at its start (so no cached prefix is reused). */
+export function promptText(tag: string, words: number): string {
+  const out = [`Request ${tag}.`];
+  for (let i = 0; i < words; i++) out.push(FILLER[i % FILLER.length]);
+  return out.join(" ");
+}
+
+/** `count` short, distinct sentences. */
+export function sentences(count: number): string[] {
+  return Array.from(
+    { length: count },
+    (_, i) => `Sentence number ${i}: ${FILLER.slice(i % 7, (i % 7) + 8).join(" ")}.`,
+  );
+}
+
+/**
+ * Sampling sent explicitly with every chat request, so that no server's own defaults (llama-server's and
+ * OpenAI's differ) decide how much sampling work a token costs. These are llama.cpp's defaults.
+ */
+export const SAMPLING = { temperature: 0.8, top_p: 0.95, top_k: 40, min_p: 0.05, seed: 1 } as const;
+
+/** The chat request body (without `model`) every side receives. Thinking is off: the same prompt for all. */
+export function chatBody(content: string, maxTokens: number): Record<string, unknown> {
+  return {
+    messages: [{ role: "user", content }],
+    max_tokens: maxTokens,
+    ...SAMPLING,
+    chat_template_kwargs: { enable_thinking: false },
+  };
+}
+
+/** When one generation started, produced its first token and ended, and its token counts. */
+export interface StreamTiming {
+  start: number;
+  first: number;
+  end: number;
+  promptTokens: number;
+  completionTokens: number;
+}
+
+/** Streams one chat completion through the official client; the first token is the first text delta. */
+export async function httpStream(
+  api: OpenAI,
+  model: string,
+  body: Record<string, unknown>,
+): Promise<StreamTiming> {
+  const start = performance.now();
+  let first = NaN;
+  let usage = { prompt_tokens: 0, completion_tokens: 0 };
+  const stream = await api.chat.completions.create({
+    ...body,
+    model,
+    stream: true,
+    stream_options: { include_usage: true },
+  } as OpenAI.ChatCompletionCreateParamsStreaming);
+  for await (const chunk of stream) {
+    const d = chunk.choices[0]?.delta as { content?: string; reasoning_content?: string } | undefined;
+    if (Number.isNaN(first) && (d?.content || d?.reasoning_content)) first = performance.now();
+    if (chunk.usage) usage = chunk.usage;
+  }
+  return {
+    start,
+    first,
+    end: performance.now(),
+    promptTokens: usage.prompt_tokens,
+    completionTokens: usage.completion_tokens,
+  };
+}
+
+/** Sequential calls from `clients` concurrent clients until `total` calls are done; sorted latencies, ms. */
+export async function latencies(
+  clients: number,
+  total: number,
+  call: () => Promise<unknown>,
+): Promise<number[]> {
+  const out: number[] = [];
+  let next = 0;
+  await Promise.all(Array.from({ length: clients }, async () => {
+    while (next++ < total) {
+      const t0 = performance.now();
+      await call();
+      out.push(performance.now() - t0);
+    }
+  }));
+  return out.sort((a, b) => a - b);
+}
+
+/**
+ * The order of the sides in repetition `rep`: reversed every other repetition, so that neither side
+ * always runs first (right after the other's load, or on a cooler machine).
+ *
+ * @example
+ * ```ts
+ * runOrder(["a", "b"], 1); // ["b", "a"]
+ * ```
+ */
+export function runOrder<T>(sides: readonly T[], rep: number): T[] {
+  return rep % 2 === 0 ? [...sides] : [...sides].reverse();
+}

@@ -1,0 +1,209 @@
+/**
+ * The XML dialect (Qwen3.5, Qwen3.6, Qwen3-Coder):
+ * `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n…</function>\n</tool_call>`.
+ * String values are raw text, others JSON; the parameter schema says which. Streamed arguments
+ * are JSON: string values stream as they are written, other values once complete.
+ */
+import type { EngineTool } from "../../types.ts";
+import { gbnfLiteral, type JsonGrammar } from "../json_gbnf.ts";
+import { textWithout } from "../gbnf.ts";
+import { objectSchema } from "./json.ts";
+import {
+  type CallEvent,
+  type CallParser,
+  type CallResult,
+  isStringSchema,
+  parameterSchema,
+  type ToolDialect,
+} from "./types.ts";
+
+const VALUE_END = "\n</parameter>";
+
+/** Calls as `<function=…>` with one `<parameter=…>` block per argument. */
+export const xmlDialect: ToolDialect = {
+  name: "xml",
+  open: "<tool_call>",
+  close: "</tool_call>",
+  callRule(grammar: JsonGrammar, tool: EngineTool, param: string, hint: string): string {
+    const rules = grammar.rules;
+    const schema = objectSchema(tool.parameters);
+    const props = (schema.properties ?? {}) as Record<string, unknown>;
+    const required = new Set(Array.isArray(schema.required) ? schema.required.map(String) : []);
+    const names = Object.keys(props);
+    let params: string;
+    if (names.length === 0 && schema.additionalProperties !== false) {
+      const free = textWithout(rules, `${hint}-raw`, VALUE_END);
+      params = `( "<parameter=" [a-zA-Z0-9_.-]{1,64} ">\\n" ${free} ${gbnfLiteral(`${VALUE_END}\n`)} )*`;
+    } else {
+      params = names.map((key) => {
+        const value = valueRule(grammar, props[key], `${param}.properties.${key}`, `${hint}-${key}`);
+        const block = `${gbnfLiteral(`<parameter=${key}>\n`)} ${value} ${gbnfLiteral(`${VALUE_END}\n`)}`;
+        return required.has(key) ? block : `( ${block} )?`;
+      }).join(" ") || '""';
+    }
+    return rules.add(
+      `${hint}-call`,
+      `${gbnfLiteral(`<tool_call>\n<function=${tool.name}>\n`)} ${params} ${
+        gbnfLiteral("</function>\n</tool_call>")
+      }`,
+    );
+  },
+  parser: (tools) => new XmlCallParser(tools),
+};
+
+/** A parameter value: raw text for strings, JSON otherwise. */
+function valueRule(grammar: JsonGrammar, schema: unknown, param: string, hint: string): string {
+  const rules = grammar.rules;
+  if (!isStringSchema(schema)) return grammar.schema(schema ?? true, param, hint);
+  const s = schema as Record<string, unknown>;
+  const strings = (s.enum ?? (s.const !== undefined ? [s.const] : undefined)) as string[] | undefined;
+  if (strings) return rules.add(`${hint}-raw`, strings.map((v) => gbnfLiteral(v)).join(" | "));
+  if (s.format !== undefined) {
+    // Validates the format (a 400 for unknown ones) and defines the date and time rules.
+    grammar.schema({ type: "string", format: s.format }, param, hint);
+    return rules.add(`${hint}-rawfmt`, unquotedFormat(String(s.format)));
+  }
+  const min = typeof s.minLength === "number" ? s.minLength : 0;
+  const max = typeof s.maxLength === "number" ? s.maxLength : undefined;
+  if (min === 0 && max === undefined) return textWithout(rules, `${hint}-raw`, VALUE_END);
+  // Bounded raw text: characters other than '<' keep it clear of the closing tag.
+  return rules.add(`${hint}-raw`, `[^<]{${min},${max ?? ""}}`);
+}
+
+function unquotedFormat(format: string): string {
+  return format === "date" ? "date" : format === "time" ? "time" : 'date "T" time';
+}
+
+const FUNCTION_OPEN = /^\s*<function=([^>\n]{1,128})>\n?/;
+const PARAM_OPEN = /^\s*<parameter=([^>\n]{1,128})>\n?/;
+const FUNCTION_CLOSE = /^\s*<\/function>\s*$/;
+
+/** Reads one call and emits its arguments as JSON text. */
+class XmlCallParser implements CallParser {
+  readonly #tools: readonly EngineTool[];
+  #buffer = "";
+  #tool: EngineTool | undefined;
+  #name: string | undefined;
+  /** Inside a parameter value: its key and whether it streams as a raw string. */
+  #param: { key: string; raw: boolean; value: string; sent: number } | undefined;
+  #count = 0;
+  #closed = false;
+
+  constructor(tools: readonly EngineTool[]) {
+    this.#tools = tools;
+  }
+
+  push(text: string): CallEvent[] {
+    this.#buffer += text;
+    const out: CallEvent[] = [];
+    this.#advance(out, false);
+    return out;
+  }
+
+  end(closed: boolean): { events: CallEvent[]; result: CallResult } {
+    const events: CallEvent[] = [];
+    this.#advance(events, true);
+    if (this.#name === undefined) return { events, result: { ok: false } };
+    if (this.#param) this.#finishParam(events, closed);
+    if (!this.#closed) events.push({ type: "arguments", text: this.#count === 0 ? "{}" : "}" });
+    return { events, result: { ok: true, name: this.#name } };
+  }
+
+  #advance(out: CallEvent[], final: boolean) {
+    while (!this.#closed) {
+      if (this.#name === undefined) {
+        const m = this.#buffer.match(FUNCTION_OPEN);
+        if (!m || (!final && !this.#buffer.slice(m[0].length).length && !m[0].endsWith("\n"))) return;
+        this.#name = m[1].trim();
+        this.#tool = this.#tools.find((t) => t.name === this.#name);
+        this.#buffer = this.#buffer.slice(m[0].length);
+        out.push({ type: "name", name: this.#name });
+        continue;
+      }
+      if (this.#param) {
+        if (!this.#streamParam(out, final)) return;
+        continue;
+      }
+      const p = this.#buffer.match(PARAM_OPEN);
+      if (p && (final || p[0].endsWith("\n") || this.#buffer.length > p[0].length)) {
+        const key = p[1].trim();
+        this.#buffer = this.#buffer.slice(p[0].length);
+        const schema = parameterSchema(this.#tool, key);
+        this.#param = { key, raw: isStringSchema(schema), value: "", sent: 0 };
+        out.push({ type: "arguments", text: `${this.#count === 0 ? "{" : ","}${JSON.stringify(key)}:` });
+        this.#count++;
+        if (this.#param.raw) out.push({ type: "arguments", text: '"' });
+        continue;
+      }
+      if (FUNCTION_CLOSE.test(this.#buffer) && (final || this.#buffer.includes("</function>"))) {
+        out.push({ type: "arguments", text: this.#count === 0 ? "{}" : "}" });
+        this.#closed = true;
+        this.#buffer = "";
+        return;
+      }
+      const trimmed = this.#buffer.trimStart();
+      // Wait while the text may still become a tag; skip stray text between parameters.
+      const maybeTag = trimmed === "" || "<parameter=".startsWith(trimmed.slice(0, 11)) ||
+        trimmed.startsWith("<parameter=") || "</function>".startsWith(trimmed.slice(0, 11));
+      if (maybeTag && !final) return;
+      const next = trimmed.indexOf("<", 1);
+      if (next < 0 || final) {
+        this.#buffer = "";
+        return;
+      }
+      this.#buffer = trimmed.slice(next);
+    }
+  }
+
+  /** Consumes value text up to the closing tag; false when more text is needed. */
+  #streamParam(out: CallEvent[], final: boolean): boolean {
+    const param = this.#param!;
+    const at = this.#buffer.indexOf("</parameter>");
+    if (at >= 0) {
+      param.value += this.#buffer.slice(0, at);
+      this.#buffer = this.#buffer.slice(at + "</parameter>".length);
+      this.#finishParam(out, true);
+      return true;
+    }
+    if (final) return false;
+    // Keep back what may be the start of "\n</parameter>".
+    let keep = 0;
+    for (let k = Math.min(VALUE_END.length, this.#buffer.length); k > 0; k--) {
+      if (VALUE_END.startsWith(this.#buffer.slice(-k))) {
+        keep = k;
+        break;
+      }
+    }
+    param.value += this.#buffer.slice(0, this.#buffer.length - keep);
+    this.#buffer = this.#buffer.slice(this.#buffer.length - keep);
+    if (param.raw && param.value.length > param.sent) {
+      out.push({ type: "arguments", text: JSON.stringify(param.value.slice(param.sent)).slice(1, -1) });
+      param.sent = param.value.length;
+    }
+    return false;
+  }
+
+  #finishParam(out: CallEvent[], complete: boolean) {
+    const param = this.#param!;
+    this.#param = undefined;
+    let value = param.value;
+    if (complete && value.endsWith("\n")) value = value.slice(0, -1);
+    if (param.raw) {
+      const rest = value.slice(param.sent);
+      out.push({ type: "arguments", text: `${JSON.stringify(rest).slice(1, -1)}"` });
+      return;
+    }
+    out.push({ type: "arguments", text: jsonValue(value) });
+  }
+}
+
+/** A non-string parameter's text as JSON: kept when it parses, else quoted as a string. */
+function jsonValue(text: string): string {
+  const t = text.trim();
+  try {
+    JSON.parse(t);
+    return t.replace(/"(?:[^"\\]|\\.)*"|\s+/g, (m) => (m.startsWith('"') ? m : ""));
+  } catch {
+    return JSON.stringify(text);
+  }
+}

@@ -1,0 +1,223 @@
+/**
+ * The C API of the llama.cpp library that node-llama-cpp ships (its prebuilt `libllama`), bound
+ * with Deno FFI. node-llama-cpp picks and loads the right build (CPU, CUDA or Vulkan) and its
+ * backends; this module binds the same loaded library, so both share one llama.cpp instance.
+ * We drive decoding ourselves because node-llama-cpp's JS API cannot batch several sequences'
+ * embeddings into one decode, copy a sequence's state, or return raw logits.
+ *
+ * Struct layouts match `include/llama.h` of the llama.cpp release node-llama-cpp 3.21.1 ships
+ * (`llama/llama.cpp.info.json`: v0.4.0); {@link checkLayouts} verifies them against the
+ * library's defaults at start.
+ */
+
+/** Byte offsets in `struct llama_model_params` (80 bytes). */
+export const MODEL_PARAMS = {
+  size: 80,
+  nGpuLayers: 16,
+  splitMode: 20,
+  mainGpu: 32,
+  checkTensors: 73,
+  useExtraBufts: 74,
+} as const;
+
+/** Byte offsets in `struct llama_context_params` (160 bytes). */
+export const CONTEXT_PARAMS = {
+  size: 160,
+  nCtx: 0,
+  nBatch: 4,
+  nUbatch: 8,
+  nSeqMax: 12,
+  nRsSeq: 16,
+  nOutputsMax: 20,
+  nThreads: 28,
+  nThreadsBatch: 32,
+  poolingType: 44,
+  attentionType: 48,
+  flashAttnType: 52,
+  typeK: 104,
+  typeV: 108,
+  embeddings: 128,
+  offloadKqv: 129,
+  noPerf: 130,
+  swaFull: 132,
+  kvUnified: 133,
+} as const;
+
+/** `llama_pooling_type`. */
+export const POOLING = { unspecified: -1, none: 0, mean: 1, cls: 2, last: 3 } as const;
+
+/** `LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`: only the parts that cannot be rolled back (recurrent state). */
+export const STATE_PARTIAL_ONLY = 1;
+
+const modelParams = { struct: Array(10).fill("u64") } as const;
+const contextParams = { struct: Array(20).fill("u64") } as const;
+const batch = { struct: Array(7).fill("u64") } as const;
+
+const SYMBOLS = {
+  llama_backend_init: { parameters: [], result: "void" },
+  llama_model_default_params: { parameters: [], result: modelParams },
+  llama_context_default_params: { parameters: [], result: contextParams },
+  llama_model_load_from_file: { parameters: ["buffer", modelParams], result: "pointer", nonblocking: true },
+  llama_model_free: { parameters: ["pointer"], result: "void" },
+  llama_model_get_vocab: { parameters: ["pointer"], result: "pointer" },
+  llama_model_n_embd: { parameters: ["pointer"], result: "i32" },
+  llama_model_n_embd_out: { parameters: ["pointer"], result: "i32" },
+  llama_model_n_ctx_train: { parameters: ["pointer"], result: "i32" },
+  llama_model_n_layer: { parameters: ["pointer"], result: "i32" },
+  llama_model_is_recurrent: { parameters: ["pointer"], result: "bool" },
+  llama_model_is_hybrid: { parameters: ["pointer"], result: "bool" },
+  llama_model_has_encoder: { parameters: ["pointer"], result: "bool" },
+  llama_model_size: { parameters: ["pointer"], result: "u64" },
+  llama_model_n_params: { parameters: ["pointer"], result: "u64" },
+  llama_model_meta_val_str: { parameters: ["pointer", "buffer", "buffer", "usize"], result: "i32" },
+  llama_model_chat_template: { parameters: ["pointer", "pointer"], result: "pointer" },
+  llama_vocab_n_tokens: { parameters: ["pointer"], result: "i32" },
+  llama_vocab_bos: { parameters: ["pointer"], result: "i32" },
+  llama_vocab_eos: { parameters: ["pointer"], result: "i32" },
+  llama_vocab_eot: { parameters: ["pointer"], result: "i32" },
+  llama_vocab_fim_pre: { parameters: ["pointer"], result: "i32" },
+  llama_vocab_fim_suf: { parameters: ["pointer"], result: "i32" },
+  llama_vocab_fim_mid: { parameters: ["pointer"], result: "i32" },
+  llama_vocab_is_eog: { parameters: ["pointer", "i32"], result: "bool" },
+  llama_vocab_is_control: { parameters: ["pointer", "i32"], result: "bool" },
+  llama_vocab_get_attr: { parameters: ["pointer", "i32"], result: "i32" },
+  llama_vocab_get_add_bos: { parameters: ["pointer"], result: "bool" },
+  llama_tokenize: {
+    parameters: ["pointer", "buffer", "i32", "buffer", "i32", "bool", "bool"],
+    result: "i32",
+  },
+  llama_token_to_piece: { parameters: ["pointer", "i32", "buffer", "i32", "i32", "bool"], result: "i32" },
+  llama_init_from_model: { parameters: ["pointer", contextParams], result: "pointer", nonblocking: true },
+  llama_free: { parameters: ["pointer"], result: "void" },
+  llama_n_ctx: { parameters: ["pointer"], result: "u32" },
+  llama_n_ctx_seq: { parameters: ["pointer"], result: "u32" },
+  llama_n_batch: { parameters: ["pointer"], result: "u32" },
+  llama_n_ubatch: { parameters: ["pointer"], result: "u32" },
+  llama_n_seq_max: { parameters: ["pointer"], result: "u32" },
+  llama_pooling_type: { parameters: ["pointer"], result: "i32" },
+  llama_get_memory: { parameters: ["pointer"], result: "pointer" },
+  llama_memory_clear: { parameters: ["pointer", "bool"], result: "void" },
+  llama_memory_seq_rm: { parameters: ["pointer", "i32", "i32", "i32"], result: "bool" },
+  llama_memory_seq_cp: { parameters: ["pointer", "i32", "i32", "i32", "i32"], result: "void" },
+  llama_memory_seq_pos_min: { parameters: ["pointer", "i32"], result: "i32" },
+  llama_memory_seq_pos_max: { parameters: ["pointer", "i32"], result: "i32" },
+  llama_state_seq_get_size_ext: { parameters: ["pointer", "i32", "u32"], result: "usize" },
+  llama_state_seq_get_data_ext: {
+    parameters: ["pointer", "buffer", "usize", "i32", "u32"],
+    result: "usize",
+    nonblocking: true,
+  },
+  llama_state_seq_set_data_ext: {
+    parameters: ["pointer", "buffer", "usize", "i32", "u32"],
+    result: "usize",
+    nonblocking: true,
+  },
+  llama_batch_init: { parameters: ["i32", "i32", "i32"], result: batch },
+  llama_batch_free: { parameters: [batch], result: "void" },
+  llama_decode: { parameters: ["pointer", batch], result: "i32", nonblocking: true },
+  llama_set_n_threads: { parameters: ["pointer", "i32", "i32"], result: "void" },
+  llama_set_embeddings: { parameters: ["pointer", "bool"], result: "void" },
+  llama_synchronize: { parameters: ["pointer"], result: "void" },
+  llama_get_logits_ith: { parameters: ["pointer", "i32"], result: "pointer" },
+  llama_get_embeddings_seq: { parameters: ["pointer", "i32"], result: "pointer" },
+  llama_get_embeddings_ith: { parameters: ["pointer", "i32"], result: "pointer" },
+  llama_sampler_init_grammar: { parameters: ["pointer", "buffer", "buffer"], result: "pointer" },
+  llama_sampler_init_grammar_lazy_patterns: {
+    parameters: ["pointer", "buffer", "buffer", "buffer", "usize", "buffer", "usize"],
+    result: "pointer",
+  },
+  llama_sampler_apply: { parameters: ["pointer", "buffer"], result: "void" },
+  llama_sampler_accept: { parameters: ["pointer", "i32"], result: "void" },
+  llama_sampler_clone: { parameters: ["pointer"], result: "pointer" },
+  llama_sampler_free: { parameters: ["pointer"], result: "void" },
+} as const satisfies Deno.ForeignLibraryInterface;
+
+/** The bound library. */
+export type LlamaSymbols = Deno.DynamicLibrary<typeof SYMBOLS>["symbols"];
+
+/** A bound libllama and where it came from. */
+export interface LlamaLibrary {
+  path: string;
+  symbols: LlamaSymbols;
+}
+
+let opened: LlamaLibrary | undefined;
+
+/**
+ * Binds the libllama that node-llama-cpp loaded into this process (call after `getLlama()`).
+ *
+ * @example
+ * ```ts
+ * await llamaRuntime("cpu", log);
+ * const lib = openLlamaLibrary();
+ * ```
+ */
+export function openLlamaLibrary(): LlamaLibrary {
+  if (opened) return opened;
+  const path = loadedLibraryPath();
+  const lib = Deno.dlopen(path, SYMBOLS);
+  opened = { path, symbols: lib.symbols };
+  checkLayouts(opened.symbols);
+  return opened;
+}
+
+/** The path of the libllama mapped into this process by node-llama-cpp's addon. */
+function loadedLibraryPath(): string {
+  let maps = "";
+  try {
+    maps = Deno.readTextFileSync("/proc/self/maps");
+  } catch {
+    throw new Error("cannot find node-llama-cpp's libllama: /proc/self/maps is not readable (Linux only)");
+  }
+  const path = maps.split("\n").map((line) => line.trim().split(/\s+/).slice(5).join(" "))
+    .find((p) => /\/libllama(\.v[\d.]+)?\.so$/.test(p));
+  if (!path) throw new Error("node-llama-cpp's libllama is not loaded; call getLlama() first");
+  return path;
+}
+
+/**
+ * Verifies the struct layouts against the library's own defaults, so a different llama.cpp
+ * build fails loudly at start instead of corrupting memory.
+ */
+function checkLayouts(s: LlamaSymbols): void {
+  const model = new DataView(s.llama_model_default_params().buffer);
+  const ctx = s.llama_context_default_params();
+  const view = new DataView(ctx.buffer);
+  const ok = model.byteLength === MODEL_PARAMS.size && model.getInt32(MODEL_PARAMS.nGpuLayers, true) === -1 &&
+    ctx.byteLength === CONTEXT_PARAMS.size && view.getUint32(CONTEXT_PARAMS.nCtx, true) === 512 &&
+    view.getUint32(CONTEXT_PARAMS.nBatch, true) === 2048 &&
+    view.getUint32(CONTEXT_PARAMS.nSeqMax, true) === 1 &&
+    view.getInt32(CONTEXT_PARAMS.poolingType, true) === POOLING.unspecified &&
+    view.getInt32(CONTEXT_PARAMS.flashAttnType, true) === -1 && ctx[CONTEXT_PARAMS.offloadKqv] === 1;
+  if (!ok) {
+    throw new Error(
+      "the llama.cpp library does not have the struct layout this server was built for " +
+        "(node-llama-cpp must be 3.21.1)",
+    );
+  }
+}
+
+const encoder = new TextEncoder();
+
+/** A NUL-terminated UTF-8 copy of `text` for `const char *` parameters. */
+export function cString(text: string): Uint8Array<ArrayBuffer> {
+  const bytes = encoder.encode(text);
+  const out = new Uint8Array(new ArrayBuffer(bytes.length + 1));
+  out.set(bytes);
+  return out;
+}
+
+/** Reads a NUL-terminated string at `ptr` (empty for null). */
+export function readCString(ptr: Deno.PointerValue): string {
+  return ptr ? Deno.UnsafePointerView.getCString(ptr) : "";
+}
+
+/** A typed-array view of `count` elements of native memory at `ptr`. */
+export function nativeView<T extends Int32Array | Float32Array | Int8Array | BigUint64Array>(
+  kind: { new (buffer: ArrayBuffer): T; BYTES_PER_ELEMENT: number },
+  ptr: Deno.PointerValue,
+  count: number,
+): T {
+  if (!ptr) throw new Error("null pointer from llama.cpp");
+  return new kind(Deno.UnsafePointerView.getArrayBuffer(ptr, count * kind.BYTES_PER_ELEMENT));
+}

@@ -1,0 +1,374 @@
+/**
+ * Thin owners of llama.cpp objects (model, context, batch) over the FFI bindings. They manage
+ * native memory and translate return codes into errors; scheduling lives elsewhere.
+ */
+import {
+  CONTEXT_PARAMS,
+  cString,
+  type LlamaLibrary,
+  MODEL_PARAMS,
+  nativeView,
+  POOLING,
+  readCString,
+} from "./ffi.ts";
+
+/** Token attribute bits (`llama_token_attr`). */
+const ATTR_CONTROL = 1 << 3;
+
+/** A loaded GGUF model and its vocabulary. */
+export class NativeModel {
+  readonly nVocab: number;
+  readonly nEmbd: number;
+  readonly nCtxTrain: number;
+  /** Recurrent or hybrid memory: a sequence's tail cannot simply be cut off. */
+  readonly recurrent: boolean;
+  readonly eos: number;
+  readonly bos: number;
+  readonly addBos: boolean;
+  readonly #pieces = new Map<number, Uint8Array>();
+  #freed = false;
+
+  private constructor(readonly lib: LlamaLibrary, readonly ptr: Deno.PointerObject, readonly path: string) {
+    const s = lib.symbols;
+    this.vocab = s.llama_model_get_vocab(ptr)!;
+    this.nVocab = s.llama_vocab_n_tokens(this.vocab);
+    this.nEmbd = s.llama_model_n_embd_out(ptr);
+    this.nCtxTrain = s.llama_model_n_ctx_train(ptr);
+    this.recurrent = s.llama_model_is_recurrent(ptr) || s.llama_model_is_hybrid(ptr);
+    this.eos = s.llama_vocab_eos(this.vocab);
+    this.bos = s.llama_vocab_bos(this.vocab);
+    this.addBos = s.llama_vocab_get_add_bos(this.vocab);
+  }
+
+  readonly vocab: Deno.PointerObject;
+
+  /**
+   * Loads a GGUF file; `gpuLayers` -1 offloads every layer.
+   *
+   * @example
+   * ```ts
+   * const model = await NativeModel.load(lib, "model.gguf", 0);
+   * ```
+   */
+  static async load(lib: LlamaLibrary, path: string, gpuLayers: number): Promise<NativeModel> {
+    const params = lib.symbols.llama_model_default_params();
+    new DataView(params.buffer).setInt32(MODEL_PARAMS.nGpuLayers, gpuLayers, true);
+    const ptr = await lib.symbols.llama_model_load_from_file(cString(path), params);
+    if (!ptr) throw new Error(`llama.cpp could not load '${path}' (the log above says why)`);
+    return new NativeModel(lib, ptr, path);
+  }
+
+  /** A metadata value as text, or undefined. */
+  meta(key: string): string | undefined {
+    const buf = new Uint8Array(256);
+    let n = this.lib.symbols.llama_model_meta_val_str(this.ptr, cString(key), buf, BigInt(buf.length));
+    if (n < 0) return undefined;
+    if (n >= buf.length) {
+      const big = new Uint8Array(n + 1);
+      n = this.lib.symbols.llama_model_meta_val_str(this.ptr, cString(key), big, BigInt(big.length));
+      return new TextDecoder().decode(big.subarray(0, n));
+    }
+    return new TextDecoder().decode(buf.subarray(0, n));
+  }
+
+  /** The GGUF's default chat template (`tokenizer.chat_template`), if any. */
+  chatTemplate(): string | undefined {
+    const text = readCString(this.lib.symbols.llama_model_chat_template(this.ptr, null));
+    return text === "" ? undefined : text;
+  }
+
+  /**
+   * Tokenizes `text`. `special`: parse special-token text (chat templates) into special tokens;
+   * `addSpecial`: add BOS/EOS as the model is configured.
+   */
+  tokenize(text: string, special: boolean, addSpecial = false): number[] {
+    const bytes = new TextEncoder().encode(text);
+    let cap = bytes.length + 8;
+    for (;;) {
+      const out = new Int32Array(cap);
+      const n = this.lib.symbols.llama_tokenize(
+        this.vocab,
+        bytes,
+        bytes.length,
+        out,
+        cap,
+        addSpecial,
+        special,
+      );
+      if (n >= 0) return Array.from(out.subarray(0, n));
+      if (n === -2147483648) throw new Error("the text is too long to tokenize");
+      cap = -n;
+    }
+  }
+
+  /** The bytes a token stands for (control tokens render as nothing unless `special`). */
+  piece(token: number, special = false): Uint8Array {
+    const key = special ? -token - 1 : token;
+    const cached = this.#pieces.get(key);
+    if (cached) return cached;
+    let buf = new Uint8Array(32);
+    let n = this.lib.symbols.llama_token_to_piece(this.vocab, token, buf, buf.length, 0, special);
+    if (n < 0) {
+      buf = new Uint8Array(-n);
+      n = this.lib.symbols.llama_token_to_piece(this.vocab, token, buf, buf.length, 0, special);
+    }
+    const piece = buf.slice(0, Math.max(0, n));
+    this.#pieces.set(key, piece);
+    return piece;
+  }
+
+  /** The text of `tokens`, special tokens included (for echoing prompts and /detokenize). */
+  detokenize(tokens: readonly number[], special = true): string {
+    const parts = tokens.map((t) => this.piece(t, special));
+    const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    for (const p of parts) {
+      out.set(p, at);
+      at += p.length;
+    }
+    return new TextDecoder().decode(out);
+  }
+
+  /** End of generation (EOS, EOT, `<|im_end|>`, …). */
+  isEog(token: number): boolean {
+    return this.lib.symbols.llama_vocab_is_eog(this.vocab, token);
+  }
+
+  /** A control token (never shown as text). */
+  isControl(token: number): boolean {
+    return (this.lib.symbols.llama_vocab_get_attr(this.vocab, token) & ATTR_CONTROL) !== 0;
+  }
+
+  /** Fill-in-the-middle tokens, when the vocabulary has them. */
+  fimTokens(): { prefix: number; suffix: number; middle: number } | undefined {
+    const s = this.lib.symbols;
+    const prefix = s.llama_vocab_fim_pre(this.vocab);
+    const suffix = s.llama_vocab_fim_suf(this.vocab);
+    const middle = s.llama_vocab_fim_mid(this.vocab);
+    return prefix >= 0 && suffix >= 0 && middle >= 0 ? { prefix, suffix, middle } : undefined;
+  }
+
+  /** Bytes of weights. */
+  get sizeBytes(): number {
+    return Number(this.lib.symbols.llama_model_size(this.ptr));
+  }
+
+  free(): void {
+    if (this.#freed) return;
+    this.#freed = true;
+    this.lib.symbols.llama_model_free(this.ptr);
+  }
+}
+
+/** How to create a context. */
+export interface ContextOptions {
+  /** Total cells of the KV cache (all sequences). */
+  nCtx: number;
+  nBatch: number;
+  nUbatch: number;
+  nSeqMax: number;
+  threads: number;
+  embeddings: boolean;
+  pooling?: keyof typeof POOLING;
+  /** One KV buffer shared by all sequences (true) or one per sequence of nCtx / nSeqMax cells. */
+  kvUnified: boolean;
+}
+
+/** A llama.cpp context: memory (KV cache / recurrent state) for several sequences. */
+export class NativeContext {
+  readonly nCtx: number;
+  /** Cells one sequence may hold. */
+  readonly nCtxSeq: number;
+  readonly nBatch: number;
+  readonly nSeqMax: number;
+  readonly mem: Deno.PointerObject;
+  #freed = false;
+
+  private constructor(
+    readonly lib: LlamaLibrary,
+    readonly model: NativeModel,
+    readonly ptr: Deno.PointerObject,
+  ) {
+    const s = lib.symbols;
+    this.nCtx = s.llama_n_ctx(ptr);
+    this.nCtxSeq = s.llama_n_ctx_seq(ptr);
+    this.nBatch = s.llama_n_batch(ptr);
+    this.nSeqMax = s.llama_n_seq_max(ptr);
+    this.mem = s.llama_get_memory(ptr)!;
+  }
+
+  /**
+   * Creates a context on `model`.
+   *
+   * @example
+   * ```ts
+   * const ctx = await NativeContext.create(model, { nCtx: 4096, nBatch: 512, nUbatch: 512, nSeqMax: 4, threads: 2, embeddings: false, kvUnified: false });
+   * ```
+   */
+  static async create(model: NativeModel, opts: ContextOptions): Promise<NativeContext> {
+    const lib = model.lib;
+    const params = lib.symbols.llama_context_default_params();
+    const v = new DataView(params.buffer);
+    v.setUint32(CONTEXT_PARAMS.nCtx, opts.nCtx, true);
+    v.setUint32(CONTEXT_PARAMS.nBatch, opts.nBatch, true);
+    v.setUint32(CONTEXT_PARAMS.nUbatch, opts.nUbatch, true);
+    v.setUint32(CONTEXT_PARAMS.nSeqMax, opts.nSeqMax, true);
+    v.setInt32(CONTEXT_PARAMS.nThreads, opts.threads, true);
+    v.setInt32(CONTEXT_PARAMS.nThreadsBatch, opts.threads, true);
+    v.setInt32(CONTEXT_PARAMS.poolingType, POOLING[opts.pooling ?? "unspecified"], true);
+    params[CONTEXT_PARAMS.embeddings] = opts.embeddings ? 1 : 0;
+    params[CONTEXT_PARAMS.kvUnified] = opts.kvUnified ? 1 : 0;
+    params[CONTEXT_PARAMS.noPerf] = 1;
+    const ptr = await lib.symbols.llama_init_from_model(model.ptr, params);
+    if (!ptr) {
+      throw new Error(
+        `llama.cpp could not create a context of ${opts.nCtx} tokens for ${opts.nSeqMax} sequences ` +
+          "(not enough memory? the log above says why)",
+      );
+    }
+    return new NativeContext(lib, model, ptr);
+  }
+
+  /** Runs the model on `batch` (off the JS thread); throws with llama.cpp's reason on failure. */
+  async decode(batch: Batch): Promise<void> {
+    if (batch.size === 0) return;
+    const r = await this.lib.symbols.llama_decode(this.ptr, batch.struct());
+    if (r === 0) return;
+    throw new Error(
+      r === 1
+        ? "llama.cpp found no free KV-cache slot for the batch (the context is full)"
+        : r === -1
+        ? "llama.cpp rejected the batch as invalid"
+        : `llama_decode failed with code ${r}`,
+    );
+  }
+
+  /** The logits of the batch's output `i` (a view: valid until the next decode). */
+  logits(i: number): Float32Array {
+    return nativeView(Float32Array, this.lib.symbols.llama_get_logits_ith(this.ptr, i), this.model.nVocab);
+  }
+
+  /** The pooled embedding of sequence `seq` after the last decode (a copy). */
+  embeddingOfSequence(seq: number): Float32Array {
+    const ptr = this.lib.symbols.llama_get_embeddings_seq(this.ptr, seq);
+    return nativeView(Float32Array, ptr, this.model.nEmbd).slice();
+  }
+
+  /** Switches embedding output on or off for the next decodes. */
+  setEmbeddings(on: boolean): void {
+    this.lib.symbols.llama_set_embeddings(this.ptr, on);
+  }
+
+  /** Removes positions [p0, p1) of `seq` (-1: open end); false when the memory cannot cut there. */
+  removeTokens(seq: number, p0: number, p1 = -1): boolean {
+    return this.lib.symbols.llama_memory_seq_rm(this.mem, seq, p0, p1);
+  }
+
+  /** Copies all of `src` into `dst` (which must be empty). */
+  copySequence(src: number, dst: number): void {
+    this.lib.symbols.llama_memory_seq_cp(this.mem, src, dst, -1, -1);
+  }
+
+  /** Last position held for `seq`, or -1. */
+  lastPosition(seq: number): number {
+    return this.lib.symbols.llama_memory_seq_pos_max(this.mem, seq);
+  }
+
+  /** Empties every sequence. */
+  clear(): void {
+    this.lib.symbols.llama_memory_clear(this.mem, false);
+  }
+
+  /** A snapshot of `seq`'s state (`flags`: 1 = only what cannot be rolled back). */
+  async saveState(seq: number, flags: number): Promise<Uint8Array> {
+    const size = Number(this.lib.symbols.llama_state_seq_get_size_ext(this.ptr, seq, flags));
+    const buf = new Uint8Array(size);
+    const n = Number(
+      await this.lib.symbols.llama_state_seq_get_data_ext(this.ptr, buf, BigInt(size), seq, flags),
+    );
+    if (n !== size) throw new Error(`llama.cpp saved ${n} of ${size} state bytes`);
+    return buf;
+  }
+
+  /** Restores a snapshot from {@link saveState} into `seq`. */
+  async restoreState(seq: number, data: Uint8Array, flags: number): Promise<void> {
+    const n = Number(
+      await this.lib.symbols.llama_state_seq_set_data_ext(
+        this.ptr,
+        data as Uint8Array<ArrayBuffer>,
+        BigInt(data.length),
+        seq,
+        flags,
+      ),
+    );
+    if (n === 0) throw new Error("llama.cpp could not restore the sequence state");
+  }
+
+  free(): void {
+    if (this.#freed) return;
+    this.#freed = true;
+    this.lib.symbols.llama_free(this.ptr);
+  }
+}
+
+/** A reusable `llama_batch` whose arrays are written through typed-array views. */
+export class Batch {
+  readonly capacity: number;
+  #struct: Uint8Array<ArrayBuffer>;
+  #tokens: Int32Array;
+  #pos: Int32Array;
+  #nSeq: Int32Array;
+  #seq: Int32Array[];
+  #logits: Int8Array;
+  #n = 0;
+
+  constructor(readonly lib: LlamaLibrary, capacity: number) {
+    this.capacity = capacity;
+    this.#struct = lib.symbols.llama_batch_init(capacity, 0, 1) as Uint8Array<ArrayBuffer>;
+    const f = new BigUint64Array(this.#struct.buffer);
+    const ptr = (i: number) => Deno.UnsafePointer.create(f[i]);
+    this.#tokens = nativeView(Int32Array, ptr(1), capacity);
+    this.#pos = nativeView(Int32Array, ptr(3), capacity);
+    this.#nSeq = nativeView(Int32Array, ptr(4), capacity);
+    const seqPtrs = nativeView(BigUint64Array, ptr(5), capacity);
+    this.#seq = Array.from(seqPtrs, (p) => nativeView(Int32Array, Deno.UnsafePointer.create(p), 1));
+    this.#logits = nativeView(Int8Array, ptr(6), capacity);
+  }
+
+  /** Tokens in the batch. */
+  get size(): number {
+    return this.#n;
+  }
+
+  /** Free places. */
+  get room(): number {
+    return this.capacity - this.#n;
+  }
+
+  clear(): void {
+    this.#n = 0;
+  }
+
+  /** Adds a token; returns its output index (for `logits(i)`) when `output`, else -1. */
+  add(token: number, pos: number, seq: number, output: boolean): number {
+    if (this.#n >= this.capacity) throw new Error("batch overflow");
+    const i = this.#n++;
+    this.#tokens[i] = token;
+    this.#pos[i] = pos;
+    this.#nSeq[i] = 1;
+    this.#seq[i][0] = seq;
+    this.#logits[i] = output ? 1 : 0;
+    return output ? i : -1;
+  }
+
+  /** The struct passed by value to `llama_decode`, with the current token count. */
+  struct(): Uint8Array<ArrayBuffer> {
+    new DataView(this.#struct.buffer).setInt32(0, this.#n, true);
+    return this.#struct;
+  }
+
+  free(): void {
+    new DataView(this.#struct.buffer).setInt32(0, 0, true);
+    this.lib.symbols.llama_batch_free(this.#struct);
+  }
+}

@@ -1,0 +1,291 @@
+/**
+ * Token sampling in JavaScript over the logits llama.cpp returns: logit bias, penalties, an
+ * optional grammar mask, then greedy or temperature sampling with top-k, min-p and top-p, and
+ * log-probabilities when asked. One instance per generated sequence (it holds the seeded RNG and
+ * the penalty counts).
+ */
+
+/** Sampling settings of one sequence. */
+export interface SamplingParams {
+  /** 0 = greedy. */
+  temperature: number;
+  /** 0 = off. */
+  topK: number;
+  /** 1 = off. */
+  topP: number;
+  /** 0 = off. */
+  minP: number;
+  seed: number;
+  /** OpenAI presence penalty: subtracted once from every token already generated. */
+  presencePenalty: number;
+  /** OpenAI frequency penalty: subtracted per occurrence in the generated text. */
+  frequencyPenalty: number;
+  /** llama.cpp repeat penalty over the last {@link REPEAT_WINDOW} generated tokens (1 = off). */
+  repeatPenalty: number;
+  /** Token id → additive logit bias; -Infinity = never. */
+  logitBias: ReadonlyMap<number, number>;
+}
+
+/** Tokens the repeat penalty looks back at. */
+export const REPEAT_WINDOW = 64;
+
+/** Logits this far below the best one (scaled by temperature) carry under e^-30 of its weight. */
+const CUTOFF = 30;
+
+/** One token's log-probability, and the most likely alternatives when asked. */
+export interface TokenLogprob {
+  token: number;
+  logprob: number;
+  top: { token: number; logprob: number }[];
+}
+
+/** What restricts the next token (a grammar); applied lazily, see {@link TokenSampler.sample}. */
+export interface TokenFilter {
+  /** Whether `token` may come next (cheap). */
+  allows(token: number): boolean;
+  /** Sets the logit of every token that may not come next to -Infinity (expensive). */
+  mask(logits: Float32Array): void;
+}
+
+/**
+ * A seeded 32-bit PRNG (mulberry32): the same seed gives the same draws on every machine.
+ *
+ * @example
+ * ```ts
+ * const next = seededRandom(42); next(); // 0 <= x < 1
+ * ```
+ */
+export function seededRandom(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Samples the tokens of one sequence. */
+export class TokenSampler {
+  readonly #params: SamplingParams;
+  readonly #random: () => number;
+  readonly #counts = new Map<number, number>();
+  readonly #recent: number[] = [];
+  #scratch: Float32Array;
+
+  constructor(params: SamplingParams, nVocab: number) {
+    this.#params = params;
+    this.#random = seededRandom(params.seed);
+    this.#scratch = new Float32Array(nVocab);
+  }
+
+  /**
+   * Picks the next token from `logits` (left unchanged). With a `filter`, a token drawn without
+   * it is kept when the filter allows it, else the filter's full mask is applied and the token is
+   * drawn again: the result has exactly the filtered distribution (rejection sampling with one
+   * try), and the expensive mask runs only when needed. `logprobs`: how many alternatives to
+   * report (undefined: none).
+   */
+  sample(
+    logits: Float32Array,
+    filter?: TokenFilter,
+    logprobs?: number,
+  ): { token: number; logprob?: TokenLogprob } {
+    const x = this.#adjusted(logits);
+    let token = this.#pick(x);
+    let masked = false;
+    if (filter && !filter.allows(token)) {
+      filter.mask(x);
+      masked = true;
+      token = this.#pick(x);
+    }
+    if (logprobs === undefined) return { token };
+    // Log-probabilities of the distribution the token was drawn from at temperature 1 (after bias,
+    // penalties and, when it applied, the grammar), as OpenAI reports them.
+    if (filter && !masked) filter.mask(x);
+    return { token, logprob: logprobsOf(x, token, logprobs) };
+  }
+
+  /** Records a generated token (penalties). */
+  accept(token: number): void {
+    this.#counts.set(token, (this.#counts.get(token) ?? 0) + 1);
+    if (this.#params.repeatPenalty !== 1) {
+      this.#recent.push(token);
+      if (this.#recent.length > REPEAT_WINDOW) this.#recent.shift();
+    }
+  }
+
+  /** A copy with the same state and a different seed (for n > 1 choices). */
+  fork(seed: number): TokenSampler {
+    const s = new TokenSampler({ ...this.#params, seed }, this.#scratch.length);
+    for (const [t, c] of this.#counts) s.#counts.set(t, c);
+    s.#recent.push(...this.#recent);
+    return s;
+  }
+
+  /** The logits with bias and penalties applied, in a reused buffer. */
+  #adjusted(logits: Float32Array): Float32Array {
+    if (this.#scratch.length !== logits.length) this.#scratch = new Float32Array(logits.length);
+    const x = this.#scratch;
+    x.set(logits);
+    const p = this.#params;
+    for (const [t, bias] of p.logitBias) if (t < x.length) x[t] += bias;
+    if (p.presencePenalty !== 0 || p.frequencyPenalty !== 0) {
+      for (const [t, c] of this.#counts) x[t] -= p.presencePenalty + p.frequencyPenalty * c;
+    }
+    if (p.repeatPenalty !== 1) {
+      for (const t of new Set(this.#recent)) {
+        x[t] = x[t] > 0 ? x[t] / p.repeatPenalty : x[t] * p.repeatPenalty;
+      }
+    }
+    return x;
+  }
+
+  #pick(x: Float32Array): number {
+    const p = this.#params;
+    if (p.temperature <= 0) return argmax(x);
+    if (p.topK > 0) return this.#pickAmong(x, topTokens(x, p.topK));
+    // The whole vocabulary: weights in a reused buffer, no index arrays.
+    const w = this.#weights.length === x.length
+      ? this.#weights
+      : (this.#weights = new Float32Array(x.length));
+    let best = -Infinity;
+    for (let i = 0; i < x.length; i++) if (x[i] > best) best = x[i];
+    if (best === -Infinity) return argmax(x);
+    const inv = 1 / p.temperature;
+    const floor = best - CUTOFF * p.temperature;
+    let sum = 0;
+    for (let i = 0; i < x.length; i++) {
+      const v = x[i];
+      const e = v >= floor ? Math.exp((v - best) * inv) : 0;
+      w[i] = e;
+      sum += e;
+    }
+    if (p.minP > 0) sum = keepAtLeast(w, p.minP, sum);
+    if (p.topP < 1) sum = keepTopMass(w, p.topP, sum);
+    let r = this.#random() * sum;
+    let last = -1;
+    for (let i = 0; i < w.length; i++) {
+      if (w[i] === 0) continue;
+      last = i;
+      r -= w[i];
+      if (r <= 0) return i;
+    }
+    return last >= 0 ? last : argmax(x);
+  }
+
+  /** Temperature sampling among a few candidates (top-k), with min-p and top-p. */
+  #pickAmong(x: Float32Array, candidates: number[]): number {
+    const p = this.#params;
+    const w = new Float32Array(candidates.length);
+    const best = x[candidates[0]];
+    if (best === -Infinity) return candidates[0];
+    let sum = 0;
+    candidates.forEach((t, i) => {
+      w[i] = Math.exp((x[t] - best) / p.temperature);
+      sum += w[i];
+    });
+    if (p.minP > 0) sum = keepAtLeast(w, p.minP, sum);
+    if (p.topP < 1) sum = keepTopMass(w, p.topP, sum);
+    let r = this.#random() * sum;
+    for (let i = 0; i < w.length; i++) {
+      if (w[i] === 0) continue;
+      r -= w[i];
+      if (r <= 0) return candidates[i];
+    }
+    return candidates[0];
+  }
+
+  #weights = new Float32Array(0);
+}
+
+/** min-p: zeroes weights under `minP` times the largest (which is 1 here); returns the new sum. */
+function keepAtLeast(w: Float32Array, minP: number, sum: number): number {
+  for (let i = 0; i < w.length; i++) {
+    if (w[i] > 0 && w[i] < minP) {
+      sum -= w[i];
+      w[i] = 0;
+    }
+  }
+  return sum;
+}
+
+/** top-p: keeps the largest weights that reach `topP` of the mass (ties kept); returns the new sum. */
+function keepTopMass(w: Float32Array, topP: number, sum: number): number {
+  const sorted = w.filter((v) => v > 0).sort().reverse();
+  let kept = 0;
+  let cut = 0;
+  for (const v of sorted) {
+    kept += v;
+    cut = v;
+    if (kept >= topP * sum) break;
+  }
+  let total = 0;
+  for (let i = 0; i < w.length; i++) {
+    if (w[i] < cut) w[i] = 0;
+    total += w[i];
+  }
+  return total;
+}
+
+/** Index of the largest value. */
+export function argmax(x: Float32Array): number {
+  let best = 0;
+  let value = x[0];
+  for (let i = 1; i < x.length; i++) {
+    if (x[i] > value) {
+      value = x[i];
+      best = i;
+    }
+  }
+  return best;
+}
+
+/** The `k` indexes with the largest values, best first. */
+export function topTokens(x: Float32Array, k: number): number[] {
+  k = Math.min(k, x.length);
+  const heapV = new Float32Array(k).fill(-Infinity);
+  const heapI = new Int32Array(k).fill(-1);
+  let floor = -Infinity;
+  for (let i = 0; i < x.length; i++) {
+    const v = x[i];
+    if (v <= floor) continue;
+    heapV[0] = v;
+    heapI[0] = i;
+    let j = 0;
+    for (;;) {
+      const l = 2 * j + 1, r = l + 1;
+      let s = j;
+      if (l < k && heapV[l] < heapV[s]) s = l;
+      if (r < k && heapV[r] < heapV[s]) s = r;
+      if (s === j) break;
+      const tv = heapV[j];
+      heapV[j] = heapV[s];
+      heapV[s] = tv;
+      const ti = heapI[j];
+      heapI[j] = heapI[s];
+      heapI[s] = ti;
+      j = s;
+    }
+    floor = heapV[0];
+  }
+  const out: number[] = [];
+  for (let i = 0; i < k; i++) if (heapI[i] >= 0 && heapV[i] > -Infinity) out.push(heapI[i]);
+  return out.sort((a, b) => x[b] - x[a] || a - b);
+}
+
+/** Log-softmax of `x` at `token`, with the `k` most likely tokens. */
+export function logprobsOf(x: Float32Array, token: number, k: number): TokenLogprob {
+  let best = -Infinity;
+  for (let i = 0; i < x.length; i++) if (x[i] > best) best = x[i];
+  let sum = 0;
+  for (let i = 0; i < x.length; i++) sum += Math.exp(x[i] - best);
+  const logZ = best + Math.log(sum);
+  const lp = (t: number) => Math.max(-9999, x[t] - logZ);
+  return {
+    token,
+    logprob: lp(token),
+    top: k > 0 ? topTokens(x, k).map((t) => ({ token: t, logprob: lp(t) })) : [],
+  };
+}

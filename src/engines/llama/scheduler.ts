@@ -1,0 +1,498 @@
+/**
+ * The generation loop: every step puts the next token of every decoding sequence and the next
+ * prompt chunks of new requests into ONE batch, runs one decode, and samples each sequence from
+ * its logits. Sequences keep what they processed, so a later prompt with the same prefix starts
+ * after it; for recurrent (hybrid) models, whose state cannot be cut back, prefixes are resumed
+ * from state checkpoints taken at turn boundaries.
+ */
+import type { Batch, NativeContext, NativeModel } from "./native.ts";
+import { STATE_PARTIAL_ONLY } from "./ffi.ts";
+import type { TokenLogprob, TokenSampler } from "./sampler.ts";
+import type { GrammarConstraint } from "./grammar.ts";
+
+/** How one choice of a job samples. */
+export interface ChoiceSpec {
+  sampler: TokenSampler;
+  grammar: GrammarConstraint | null;
+}
+
+/** Why a choice ended. */
+export type FinishCause = "eog" | "length" | "stop";
+
+/** One prompt with one or more choices (n) to generate. */
+export interface GenerationJob {
+  prompt: readonly number[];
+  choices: ChoiceSpec[];
+  /** Most tokens per choice (already bounded by the context). */
+  maxTokens: number;
+  /** Alternatives to report per token (undefined: no log-probabilities). */
+  logprobs?: number;
+  /** Prompt positions where a state checkpoint pays off (recurrent models), e.g. turn starts. */
+  checkpoints?: readonly number[];
+  /** False: start from an empty sequence instead of reusing a cached prefix. */
+  reusePrefix?: boolean;
+  signal: AbortSignal;
+  /** The prompt is processed; `cachedTokens` of it came from an earlier request's state. */
+  onPrompt(info: { promptTokens: number; cachedTokens: number }): void;
+  /** A token was generated for `choice`; returning false ends that choice. */
+  onToken(choice: number, token: number, logprob?: TokenLogprob): boolean;
+  onEnd(choice: number, cause: FinishCause): void;
+}
+
+/** Counters for metrics and tests. */
+export interface SchedulerStats {
+  /** Prompt tokens run through the model (cached ones excluded). */
+  promptTokensEvaluated: number;
+  /** Prompt tokens taken from earlier state instead. */
+  promptTokensReused: number;
+  tokensGenerated: number;
+  decodes: number;
+  /** Tokens per decode, summed (with `decodes`: the mean batch size). */
+  batchedTokens: number;
+  checkpointsSaved: number;
+  checkpointsRestored: number;
+  /** Sequences currently generating or prefilling. */
+  busySequences: number;
+}
+
+interface Checkpoint {
+  /** Tokens the state covers. */
+  pos: number;
+  data: Uint8Array;
+}
+
+interface Slot {
+  seq: number;
+  /** Tokens in this sequence's memory, in order. */
+  cached: number[];
+  checkpoints: Checkpoint[];
+  busy: boolean;
+  lastUsed: number;
+}
+
+interface ChoiceState {
+  index: number;
+  slot: Slot;
+  spec: ChoiceSpec;
+  /** Sampled, not yet fed to the model. */
+  pending: number;
+  generated: number;
+  done: boolean;
+}
+
+interface Running {
+  job: GenerationJob;
+  slots: Slot[];
+  /** Next prompt index to feed (prefill phase while < prompt length). */
+  fed: number;
+  cached: number;
+  /** Prompt positions where a chunk must end (a checkpoint may be taken there). */
+  boundaries: number[];
+  checkpointAt: Set<number>;
+  choices: ChoiceState[];
+  resolve: () => void;
+  reject: (e: unknown) => void;
+  failed: boolean;
+}
+
+/** Settings of the loop. */
+export interface SchedulerOptions {
+  /** Prompt tokens per chunk (llama.cpp's micro-batch). */
+  chunk: number;
+  /** Most checkpoints kept per sequence (recurrent models). */
+  maxCheckpoints: number;
+  /** Least distance between two checkpoints of a sequence, except the last one of a prompt. */
+  checkpointSpacing: number;
+}
+
+/**
+ * Runs jobs on a context's sequences.
+ *
+ * @example
+ * ```ts
+ * const scheduler = new Scheduler(model, ctx, batch, { chunk: 512, maxCheckpoints: 4, checkpointSpacing: 256 });
+ * await scheduler.run(job);
+ * ```
+ */
+export class Scheduler {
+  readonly #model: NativeModel;
+  readonly #ctx: NativeContext;
+  readonly #batch: Batch;
+  readonly #opts: SchedulerOptions;
+  readonly #slots: Slot[];
+  readonly #waiting: Running[] = [];
+  readonly #running: Running[] = [];
+  #loop: Promise<void> | undefined;
+  #wake: (() => void) | undefined;
+  #clock = 0;
+  /** Recurrent models: whether the next step prefers a prompt chunk over decoding. */
+  #prefillTurn = true;
+  readonly stats: SchedulerStats = {
+    promptTokensEvaluated: 0,
+    promptTokensReused: 0,
+    tokensGenerated: 0,
+    decodes: 0,
+    batchedTokens: 0,
+    checkpointsSaved: 0,
+    checkpointsRestored: 0,
+    busySequences: 0,
+  };
+
+  constructor(model: NativeModel, ctx: NativeContext, batch: Batch, opts: SchedulerOptions) {
+    this.#model = model;
+    this.#ctx = ctx;
+    this.#batch = batch;
+    this.#opts = opts;
+    this.#slots = Array.from({ length: ctx.nSeqMax }, (_, seq) => ({
+      seq,
+      cached: [],
+      checkpoints: [],
+      busy: false,
+      lastUsed: 0,
+    }));
+  }
+
+  /** Sequences in the context (the most choices one job may have). */
+  get sequences(): number {
+    return this.#slots.length;
+  }
+
+  /** Tokens one sequence may hold. */
+  get contextPerSequence(): number {
+    return this.#ctx.nCtxSeq;
+  }
+
+  /** Runs `job` to its end; rejects with the signal's reason when it aborts. */
+  run(job: GenerationJob): Promise<void> {
+    if (job.choices.length > this.#slots.length) {
+      return Promise.reject(new Error(`a job may have at most ${this.#slots.length} choices`));
+    }
+    if (job.prompt.length === 0) return Promise.reject(new Error("the prompt is empty"));
+    return new Promise<void>((resolve, reject) => {
+      const r: Running = {
+        job,
+        slots: [],
+        fed: 0,
+        cached: 0,
+        boundaries: [],
+        checkpointAt: new Set(),
+        choices: [],
+        resolve,
+        reject,
+        failed: false,
+      };
+      this.#waiting.push(r);
+      // A job still waiting for sequences leaves at once; a running one at the next step.
+      job.signal.addEventListener("abort", () => {
+        const i = this.#waiting.indexOf(r);
+        if (i >= 0) {
+          this.#waiting.splice(i, 1);
+          reject(job.signal.reason);
+        }
+        this.#wake?.();
+      }, { once: true });
+      this.#kick();
+    });
+  }
+
+  #kick() {
+    this.#wake?.();
+    this.#loop ??= this.#run().finally(() => (this.#loop = undefined));
+  }
+
+  async #run(): Promise<void> {
+    while (this.#waiting.length > 0 || this.#running.length > 0) {
+      this.#dropCancelled();
+      await this.#admit();
+      if (this.#running.length === 0) {
+        if (this.#waiting.length === 0) break;
+        // Waiting jobs need more free sequences than there are: wait for a change.
+        await new Promise<void>((r) => (this.#wake = r));
+        this.#wake = undefined;
+        continue;
+      }
+      await this.#step();
+    }
+  }
+
+  /** Ends jobs whose signal aborted (between steps: a decode in flight always completes). */
+  #dropCancelled() {
+    for (const r of [...this.#waiting]) {
+      if (r.job.signal.aborted) {
+        this.#waiting.splice(this.#waiting.indexOf(r), 1);
+        r.reject(r.job.signal.reason);
+      }
+    }
+    for (const r of [...this.#running]) if (r.job.signal.aborted) this.#finish(r, r.job.signal.reason);
+  }
+
+  /** Starts waiting jobs in order while enough sequences are free. */
+  async #admit() {
+    while (this.#waiting.length > 0) {
+      const r = this.#waiting[0];
+      const free = this.#slots.filter((s) => !s.busy);
+      if (free.length < r.job.choices.length) return;
+      this.#waiting.shift();
+      const primary = this.#bestSlot(free, r.job.prompt);
+      const others = free.filter((s) => s !== primary)
+        .sort((a, b) => a.cached.length - b.cached.length)
+        .slice(0, r.job.choices.length - 1);
+      r.slots = [primary, ...others];
+      for (const s of r.slots) {
+        s.busy = true;
+        s.lastUsed = ++this.#clock;
+      }
+      this.stats.busySequences += r.slots.length;
+      try {
+        if (r.job.reusePrefix === false) this.#reset(primary);
+        r.cached = await this.#reuse(primary, r.job.prompt);
+      } catch (e) {
+        this.#reset(primary);
+        r.cached = 0;
+        r.reject(e);
+        this.#releaseSlots(r);
+        continue;
+      }
+      r.fed = r.cached;
+      this.stats.promptTokensReused += r.cached;
+      // Chunks end at multiples of the chunk size and at turn starts: they depend on the prompt
+      // alone, so a prompt is always cut the same way, whatever else runs.
+      const hints = [...(r.job.checkpoints ?? [])].filter((p) => p > 0 && p < r.job.prompt.length);
+      const chunk = this.#opts.chunk;
+      // (Turn starts matter only where checkpoints are taken: recurrent models.)
+      const cuts = new Set(this.#model.recurrent ? hints : []);
+      for (let p = chunk; p < r.job.prompt.length; p += chunk) cuts.add(p);
+      r.boundaries = [...cuts].sort((a, b) => a - b);
+      if (this.#model.recurrent) {
+        const spacing = this.#opts.checkpointSpacing;
+        let last = -Infinity;
+        const marks = hints.filter((p) => p > r.fed).sort((a, b) => a - b);
+        marks.forEach((p, i) => {
+          if (i === marks.length - 1 || p - last >= spacing) {
+            r.checkpointAt.add(p);
+            last = p;
+          }
+        });
+      }
+      this.#running.push(r);
+    }
+  }
+
+  /** The free sequence whose memory serves most of `prompt` (least recently used on ties). */
+  #bestSlot(free: Slot[], prompt: readonly number[]): Slot {
+    let best = free[0];
+    let bestScore = -1;
+    for (const s of free) {
+      const score = this.#reusable(s, prompt);
+      if (score > bestScore || (score === bestScore && s.lastUsed < best.lastUsed)) {
+        best = s;
+        bestScore = score;
+      }
+    }
+    return best;
+  }
+
+  /** Prompt tokens `slot` can keep for `prompt`. */
+  #reusable(slot: Slot, prompt: readonly number[]): number {
+    const p = Math.min(commonPrefix(slot.cached, prompt), prompt.length - 1);
+    if (!this.#model.recurrent || p === slot.cached.length) return p;
+    return slot.checkpoints.filter((c) => c.pos <= p).reduce((m, c) => Math.max(m, c.pos), 0);
+  }
+
+  /** Cuts `slot`'s memory back to what `prompt` can reuse; returns the number of reused tokens. */
+  async #reuse(slot: Slot, prompt: readonly number[]): Promise<number> {
+    const p = Math.min(commonPrefix(slot.cached, prompt), prompt.length - 1);
+    if (p === slot.cached.length) return p;
+    if (!this.#model.recurrent) {
+      if (this.#ctx.removeTokens(slot.seq, p)) {
+        slot.cached.length = p;
+        return p;
+      }
+      this.#reset(slot);
+      return 0;
+    }
+    const checkpoint = slot.checkpoints.filter((c) => c.pos <= p).sort((a, b) => b.pos - a.pos)[0];
+    if (!checkpoint) {
+      this.#reset(slot);
+      return 0;
+    }
+    await this.#ctx.restoreState(slot.seq, checkpoint.data, STATE_PARTIAL_ONLY);
+    if (!this.#ctx.removeTokens(slot.seq, checkpoint.pos)) {
+      this.#reset(slot);
+      return 0;
+    }
+    this.stats.checkpointsRestored++;
+    slot.cached.length = checkpoint.pos;
+    slot.checkpoints = slot.checkpoints.filter((c) => c.pos <= checkpoint.pos);
+    return checkpoint.pos;
+  }
+
+  #reset(slot: Slot) {
+    this.#ctx.removeTokens(slot.seq, -1, -1);
+    slot.cached = [];
+    slot.checkpoints = [];
+  }
+
+  /** One batch: decode tokens of generating choices, then prompt chunks while there is room. */
+  async #step() {
+    const batch = this.#batch;
+    batch.clear();
+    const decodes: { choice: ChoiceState; running: Running; out: number }[] = [];
+    for (const r of this.#running) {
+      if (r.fed < r.job.prompt.length) continue;
+      for (const c of r.choices) {
+        if (c.done) continue;
+        decodes.push({
+          choice: c,
+          running: r,
+          out: batch.add(c.pending, c.slot.cached.length, c.slot.seq, true),
+        });
+      }
+    }
+    const prefills: { running: Running; from: number; to: number; out: number }[] = [];
+    // A prompt chunk runs by itself, alternating with decode steps. Sharing a batch would change how
+    // llama.cpp tiles it (matrix kernels work on groups of rows; recurrent layers split batches
+    // into micro-batches of equal length per sequence), and with that the last bits of its numbers:
+    // alone, every sequence computes exactly as it would on an idle server, so greedy output does
+    // not depend on load.
+    const alone = true;
+    const prefilling = this.#running.filter((r) => r.fed < r.job.prompt.length);
+    if (alone && prefilling.length > 0 && (decodes.length === 0 || this.#prefillTurn)) batch.clear();
+    if (!alone || batch.size === 0) {
+      for (const r of prefilling) {
+        if (batch.room === 0 || (alone && prefills.length > 0)) break;
+        const slot = r.slots[0];
+        const from = r.fed;
+        const next = r.boundaries.find((p) => p > from) ?? r.job.prompt.length;
+        const to = Math.min(next, from + batch.room);
+        let out = -1;
+        for (let i = from; i < to; i++) {
+          out = batch.add(r.job.prompt[i], i, slot.seq, i === r.job.prompt.length - 1);
+        }
+        prefills.push({ running: r, from, to, out });
+      }
+    }
+    if (alone && prefills.length > 0) decodes.length = 0;
+    this.#prefillTurn = !this.#prefillTurn;
+    this.stats.decodes++;
+    this.stats.batchedTokens += batch.size;
+    try {
+      await this.#ctx.decode(batch);
+    } catch (e) {
+      // The memory of these sequences is unknown now: drop it and fail their jobs.
+      for (const r of new Set([...decodes.map((d) => d.running), ...prefills.map((p) => p.running)])) {
+        for (const s of r.slots) this.#reset(s);
+        this.#finish(r, e);
+      }
+      return;
+    }
+    for (const d of decodes) {
+      d.choice.slot.cached.push(d.choice.pending);
+      if (!d.running.failed) this.#sample(d.running, d.choice, d.out);
+    }
+    for (const p of prefills) {
+      const r = p.running;
+      const slot = r.slots[0];
+      for (let i = p.from; i < p.to; i++) slot.cached.push(r.job.prompt[i]);
+      r.fed = p.to;
+      this.stats.promptTokensEvaluated += p.to - p.from;
+      if (r.checkpointAt.has(p.to)) await this.#checkpoint(slot, p.to);
+      if (r.fed === r.job.prompt.length && !r.failed) this.#startChoices(r, p.out);
+    }
+    for (const r of [...this.#running]) {
+      if (r.choices.length > 0 && r.choices.every((c) => c.done)) this.#finish(r);
+    }
+  }
+
+  async #checkpoint(slot: Slot, pos: number) {
+    try {
+      const data = await this.#ctx.saveState(slot.seq, STATE_PARTIAL_ONLY);
+      slot.checkpoints.push({ pos, data });
+      if (slot.checkpoints.length > this.#opts.maxCheckpoints) slot.checkpoints.shift();
+      this.stats.checkpointsSaved++;
+    } catch {
+      // A missing checkpoint only costs recomputation later.
+    }
+  }
+
+  /** The prompt is in memory: copy it to the other choices' sequences and sample each first token. */
+  #startChoices(r: Running, out: number) {
+    const [primary, ...others] = r.slots;
+    for (const s of others) {
+      this.#reset(s);
+      this.#ctx.copySequence(primary.seq, s.seq);
+      s.cached = [...primary.cached];
+    }
+    r.choices = r.job.choices.map((spec, index) => ({
+      index,
+      slot: r.slots[index],
+      spec,
+      pending: -1,
+      generated: 0,
+      done: false,
+    }));
+    try {
+      r.job.onPrompt({ promptTokens: r.job.prompt.length, cachedTokens: r.cached });
+    } catch (e) {
+      this.#finish(r, e);
+      return;
+    }
+    for (const c of r.choices) this.#sample(r, c, out);
+  }
+
+  #sample(r: Running, c: ChoiceState, out: number) {
+    if (r.failed || c.done) return;
+    try {
+      const logits = this.#ctx.logits(out);
+      const { token, logprob } = c.spec.sampler.sample(logits, c.spec.grammar ?? undefined, r.job.logprobs);
+      if (this.#model.isEog(token)) return this.#end(r, c, "eog");
+      c.spec.grammar?.accept(token);
+      c.spec.sampler.accept(token);
+      c.generated++;
+      this.stats.tokensGenerated++;
+      if (!r.job.onToken(c.index, token, logprob)) return this.#end(r, c, "stop");
+      if (c.generated >= r.job.maxTokens || c.slot.cached.length + 1 >= this.#ctx.nCtxSeq) {
+        return this.#end(r, c, "length");
+      }
+      c.pending = token;
+    } catch (e) {
+      this.#finish(r, e);
+    }
+  }
+
+  #end(r: Running, c: ChoiceState, cause: FinishCause) {
+    c.done = true;
+    try {
+      r.job.onEnd(c.index, cause);
+    } catch (e) {
+      this.#finish(r, e);
+    }
+  }
+
+  /** Removes a job, frees its sequences (their memory stays for reuse) and settles it. */
+  #finish(r: Running, error?: unknown) {
+    if (r.failed) return;
+    r.failed = true;
+    const i = this.#running.indexOf(r);
+    if (i >= 0) this.#running.splice(i, 1);
+    this.#releaseSlots(r);
+    if (error !== undefined) r.reject(error);
+    else r.resolve();
+  }
+
+  #releaseSlots(r: Running) {
+    for (const s of r.slots) {
+      if (s.busy) this.stats.busySequences--;
+      s.busy = false;
+    }
+    this.#wake?.();
+  }
+}
+
+/** Length of the common prefix of two token lists. */
+export function commonPrefix(a: readonly number[], b: readonly number[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}

@@ -1,0 +1,178 @@
+/**
+ * The spec model's family on its built-in stand-in (tiny-moe: qwen35moe, 3 recurrent Gated
+ * DeltaNet layers per attention layer, MoE): the conditions that break recurrent state (shared
+ * prefixes, cancellation mid-prompt, concurrent streams, the context limit) must give exactly the
+ * output of the same requests run one at a time without any cache (greedy); thinking by default;
+ * and the spec embedding model's dimensions.
+ */
+import assert from "node:assert/strict";
+import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { assertApiError, serverTest } from "./helpers/assert.ts";
+
+const KEY = "test-key";
+const MODEL = "Vendor/Vendor3.6-35B-A3B";
+const registry = await Deno.makeTempFile({ suffix: ".json" });
+await Deno.writeTextFile(
+  registry,
+  JSON.stringify({
+    models: [{ id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 4096, parallel: 8 }],
+  }),
+);
+const start = (...args: string[]) =>
+  startServer(["--api-key", KEY, "--models", registry, ...args], { waitReady: true });
+// `live` serves everything concurrently with prompt reuse; `cold` answers one request at a time,
+// recomputing every prompt; `single` has one sequence, so every request reuses the same state.
+const [live, cold, single] = await Promise.all([start(), start(), start("--parallel", "1")]);
+globalThis.addEventListener("unload", () => {
+  for (const s of [live, cold, single]) void s.stop();
+});
+
+const words = (n: number, seed: number) =>
+  Array.from(
+    { length: n },
+    (_, i) => ["river", "stone", "light", "bell", "town", "hour", "quiet"][(i * seed + i) % 7],
+  )
+    .join(" ");
+
+function request(messages: Json[], more: Record<string, unknown> = {}) {
+  return {
+    model: MODEL,
+    messages,
+    max_tokens: 24,
+    temperature: 0,
+    chat_template_kwargs: { enable_thinking: false },
+    ...more,
+  };
+}
+
+async function ask(server: TestServer, body: Record<string, unknown>) {
+  const res = await postJson(`${server.url}/v1/chat/completions`, body, KEY);
+  assert.equal(res.status, 200, JSON.stringify(res.body));
+  return res.body;
+}
+
+/** The reference answer: a cold, uncached run. */
+async function reference(body: Record<string, unknown>) {
+  return (await ask(cold, { ...body, cache_prompt: false })).choices[0].message.content as string;
+}
+
+async function counter(server: TestServer, name: string): Promise<number> {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith(`vserve_engine_${name}_total{model="${MODEL}"}`));
+  return Number(line?.split(" ").at(-1) ?? 0);
+}
+
+serverTest(
+  "hybrid: a shared long prefix, then diverging requests, reuse the prefix and match cold runs",
+  async () => {
+    const system = { role: "system", content: `Context: ${words(500, 3)}` };
+    const a = request([system, { role: "user", content: "First question about the river?" }]);
+    const b = request([system, { role: "user", content: "Second question, about the bells?" }]);
+    const restored = await counter(single, "checkpoints_restored");
+    const first = await ask(single, a);
+    const second = await ask(single, b);
+    assert.equal(first.choices[0].message.content, await reference(a));
+    assert.equal(second.choices[0].message.content, await reference(b));
+    const cached = second.usage.prompt_tokens_details.cached_tokens;
+    assert.ok(cached > 400, `the shared system turn is reused (${cached} of ${second.usage.prompt_tokens})`);
+    assert.ok(
+      await counter(single, "checkpoints_restored") > restored,
+      "the recurrent state came from a checkpoint",
+    );
+    // The same prompt again: all but its last turn's tail is reused, and the answer is unchanged.
+    const again = await ask(single, b);
+    assert.equal(again.choices[0].message.content, second.choices[0].message.content);
+    assert.ok(again.usage.prompt_tokens_details.cached_tokens >= cached);
+  },
+);
+
+serverTest(
+  "hybrid: a request cancelled mid-prompt, then new ones on the same sequence, match cold runs",
+  async () => {
+    const long = request([{ role: "user", content: `Summarise: ${words(3000, 5)}` }], { stream: true });
+    const evaluated = await counter(single, "prompt_tokens_evaluated");
+    const abort = new AbortController();
+    const pending = fetch(`${single.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify(long),
+      signal: abort.signal,
+    }).then((r) => r.text()).catch(() => "aborted");
+    // Cancel while the prompt is still being processed (512 tokens a step).
+    for (let i = 0; i < 200 && (await counter(single, "prompt_tokens_evaluated")) - evaluated < 512; i++) {
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    abort.abort();
+    await pending;
+    const done = (await counter(single, "prompt_tokens_evaluated")) - evaluated;
+    assert.ok(done < 3000, `the prompt was cut short (${done} tokens evaluated)`);
+    const full = { ...long, stream: false };
+    const other = request([{ role: "user", content: `Summarise: ${words(1500, 5)} and more` }]);
+    for (const body of [full, other, full]) {
+      assert.equal((await ask(single, body)).choices[0].message.content, await reference(body));
+    }
+  },
+);
+
+serverTest("hybrid: 8 concurrent streams give the same text as one at a time", async () => {
+  const bodies = Array.from(
+    { length: 8 },
+    (_, i) =>
+      request([{ role: "user", content: `Stream ${i}: ${words(20 + i * 30, i + 1)}` }], { max_tokens: 32 }),
+  );
+  const streamed = await Promise.all(bodies.map(async (body) => {
+    const res = await fetch(`${live.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ ...body, stream: true }),
+    });
+    const text = await res.text();
+    return text.split("\n\n").filter((e) => e.startsWith("data: {")).map((e) => JSON.parse(e.slice(6)))
+      .map((c) => c.choices[0]?.delta?.content ?? "").join("");
+  }));
+  for (let i = 0; i < bodies.length; i++) {
+    assert.equal(streamed[i], await reference(bodies[i]), `stream ${i}`);
+  }
+});
+
+serverTest("hybrid: prompt + max_tokens exactly at the context limit works; one more is a 400", async () => {
+  const body = request([{ role: "user", content: words(3800, 7) }]);
+  const probe = await ask(live, { ...body, max_tokens: 1 });
+  const room = 4096 - probe.usage.prompt_tokens;
+  assert.ok(room > 8 && room < 400, `the prompt nearly fills the context (${probe.usage.prompt_tokens})`);
+  const exact = await ask(live, { ...body, max_tokens: room });
+  assert.equal(exact.usage.prompt_tokens + room, 4096);
+  assert.ok(exact.usage.total_tokens <= 4096);
+  assert.equal(exact.choices[0].message.content, await reference({ ...body, max_tokens: room }));
+  const over = await postJson(`${live.url}/v1/chat/completions`, { ...body, max_tokens: room + 1 }, KEY);
+  assertApiError(over, 400, { param: "messages", code: "context_length_exceeded" });
+});
+
+serverTest(
+  "thinking is on by default on the Qwen3.6 format; reasoning never leaks into content",
+  async () => {
+    const body = {
+      model: MODEL,
+      messages: [{ role: "user", content: "Hello" }],
+      max_tokens: 16,
+      temperature: 0,
+    };
+    const plain = await ask(live, body);
+    const m = plain.choices[0].message;
+    assert.ok(m.reasoning_content.trim().length > 0, "greedy reasoning is visible");
+    assert.equal(m.content, "");
+    assert.equal(plain.usage.completion_tokens_details.reasoning_tokens, 16);
+    const res = await fetch(`${live.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ ...body, stream: true }),
+    });
+    const deltas = (await res.text()).split("\n\n").filter((e) => e.startsWith("data: {"))
+      .map((e) => JSON.parse(e.slice(6)).choices[0]?.delta ?? {});
+    assert.equal(deltas.map((d: Json) => d.reasoning_content ?? "").join(""), m.reasoning_content);
+    assert.equal(deltas.map((d: Json) => d.content ?? "").join(""), "");
+    const off = await ask(live, { ...body, chat_template_kwargs: { enable_thinking: false } });
+    assert.ok(off.choices[0].message.content.trim().length > 0);
+    assert.equal(off.choices[0].message.reasoning_content, undefined);
+  },
+);
