@@ -15,20 +15,20 @@ import type { StreamTiming } from "./workload.ts";
 
 /** The engines, behind the calls the benchmark makes. */
 export interface InProcessSide {
-  /** One chat generation from a request body (the same body the HTTP clients send). */
-  chatStream(body: Record<string, unknown>): Promise<StreamTiming>;
+  /** One chat generation of model `chatId` from a request body (the same body the HTTP clients send). */
+  chatStream(chatId: string, body: Record<string, unknown>): Promise<StreamTiming>;
   /** Tokenizes and embeds `texts` as one call (the server tokenizes too, inside its timed region). */
   embedTexts(texts: readonly string[]): Promise<unknown>;
   dispose(): Promise<void>;
 }
 
 /**
- * Loads the chat model `chatId` and the embedding model `embedId` exactly as the server started with
+ * Loads the chat models `chatIds` and the embedding model `embedId` exactly as the server started with
  * `serverArgs` does (its configuration, its registry, its engine loader), but in this process.
  */
 export async function loadInProcess(
   serverArgs: string[],
-  chatId: string,
+  chatIds: readonly string[],
   embedId: string,
 ): Promise<InProcessSide> {
   const { config } = await loadConfig(serverArgs, {});
@@ -38,11 +38,13 @@ export async function loadInProcess(
     if (!spec) throw new Error(`no model '${id}' in the benchmark's registry`);
     return await loadEngine(spec, config, silentLogger, () => {});
   };
-  const chatEngine = await load(chatId) as ChatEngine;
+  const chatEngines = new Map<string, ChatEngine>();
+  for (const id of chatIds) chatEngines.set(id, await load(id) as ChatEngine);
   const embedEngine = await load(embedId) as EmbeddingEngine;
 
   return {
-    async chatStream(body) {
+    async chatStream(chatId, body) {
+      const chatEngine = chatEngines.get(chatId)!;
       const start = performance.now();
       let first = NaN;
       let promptTokens = 0;
@@ -61,7 +63,7 @@ export async function loadInProcess(
       return await embedEngine.embed(await Promise.all(texts.map((s) => embedEngine.tokenize(s))));
     },
     async dispose() {
-      await chatEngine.dispose();
+      for (const e of chatEngines.values()) await e.dispose();
       await embedEngine.dispose();
     },
   };

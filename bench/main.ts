@@ -47,11 +47,17 @@ const threads = Math.max(
   1,
   Math.min(opt.threads ?? navigator.hardwareConcurrency, navigator.hardwareConcurrency),
 );
-const chatPreset = opt.tiny ? "tiny-chat" : "bench-chat";
+/** The chat models measured: the dense Qwen3-0.6B shape and the spec model's hybrid MoE shape. */
+const chatModels = opt.chatModels.map((kind) => {
+  const preset = kind === "dense"
+    ? (opt.tiny ? "tiny-chat" : "bench-chat")
+    : (opt.tiny ? "tiny-moe" : "bench-moe");
+  return { kind, preset, id: `bench/${preset}`, path: "" };
+});
+const chatPreset = chatModels.map((m) => m.preset).join(", ");
 const onnxEmbed = opt.embedBackend === "onnx";
 // The ONNX path has one preset (a small graph over the Qwen3 vocabulary): it shows batching, not model speed.
 const embedPreset = onnxEmbed ? "tiny-embed-onnx" : opt.tiny ? "tiny-embed" : "bench-embed";
-const CHAT = "bench/chat";
 const EMBED = "bench/embed";
 const KEY = "bench-key";
 const chatParallel = opt.slots;
@@ -75,7 +81,8 @@ Deno.addSignalListener("SIGINT", async () => {
 /** One thing measured: vserve over HTTP, the engines in-process, or the baseline server. */
 interface Side {
   key: "http" | "inProcess" | "baseline";
-  chat?: (body: Record<string, unknown>) => Promise<StreamTiming>;
+  /** Streams one generation of the chat model `chatId` (undefined: this side does not serve it). */
+  chat?: (chatId: string, body: Record<string, unknown>) => Promise<StreamTiming> | undefined;
   /** Returns the number of prompt tokens the server counted, when it says. */
   embed?: (input: string | string[]) => Promise<number | undefined>;
   models?: () => Promise<void>;
@@ -84,12 +91,23 @@ interface Side {
 /** A side reached through the OpenAI client: the same code for vserve and every baseline. */
 function httpSide(
   key: Side["key"],
-  endpoints: { chat?: OpenAI; chatModel?: string; embed?: OpenAI; embedModel?: string; models: OpenAI },
+  endpoints: {
+    /** Chat model id → its server and the model name to send there. */
+    chat: Map<string, { api: OpenAI; model: string }>;
+    embed?: OpenAI;
+    embedModel?: string;
+    models: OpenAI;
+  },
 ): Side {
-  const { chat, chatModel, embed, embedModel, models } = endpoints;
+  const { chat, embed, embedModel, models } = endpoints;
   return {
     key,
-    chat: chat && chatModel ? (body) => httpStream(chat, chatModel, body) : undefined,
+    chat: chat.size > 0
+      ? (chatId, body) => {
+        const c = chat.get(chatId);
+        return c ? httpStream(c.api, c.model, body) : undefined;
+      }
+      : undefined,
     embed: embed && embedModel
       ? async (input) => (await embed.embeddings.create({ model: embedModel, input })).usage?.prompt_tokens
       : undefined,
@@ -104,7 +122,9 @@ function httpSide(
 const openai = (url: string, apiKey: string) => new OpenAI({ baseURL: `${url}/v1`, apiKey, maxRetries: 0 });
 
 let server: TestServer | undefined;
-const llamaServers: { chat?: LlamaServerProcess; embed?: LlamaServerProcess } = {};
+const llamaServers: { chat: LlamaServerProcess[]; embed?: LlamaServerProcess } = { chat: [] };
+/** Chat model ids the baseline serves. */
+const baselineChats = new Set<string>();
 const meta: Record<string, unknown> = {};
 const rows: Row[] = [];
 const sides: Side[] = [];
@@ -118,7 +138,9 @@ try {
 
   const cacheDir = new URL("../models/cache", import.meta.url).pathname;
   log(`preparing ${chatPreset} and ${embedPreset} (generated on first use)`);
-  const chatPath = await resolveSource(`builtin:${chatPreset}`, { cacheDir, hubUrl: "", log: silentLogger });
+  for (const m of chatModels) {
+    m.path = await resolveSource(`builtin:${m.preset}`, { cacheDir, hubUrl: "", log: silentLogger });
+  }
   const embedPath = await resolveSource(`builtin:${embedPreset}`, {
     cacheDir,
     hubUrl: "",
@@ -131,7 +153,13 @@ try {
     registry,
     JSON.stringify({
       models: [
-        { id: CHAT, kind: "chat", source: chatPath, contextSize: chatCtx, parallel: chatParallel },
+        ...chatModels.map((m) => ({
+          id: m.id,
+          kind: "chat",
+          source: m.path,
+          contextSize: chatCtx,
+          parallel: chatParallel,
+        })),
         onnxEmbed
           ? {
             id: EMBED,
@@ -154,18 +182,23 @@ try {
   cleanups.push(() => vserve.stop());
   const client = openai(server.url, KEY);
   sides.push(
-    httpSide("http", { chat: client, chatModel: CHAT, embed: client, embedModel: EMBED, models: client }),
+    httpSide("http", {
+      chat: new Map(chatModels.map((m) => [m.id, { api: client, model: m.id }])),
+      embed: client,
+      embedModel: EMBED,
+      models: client,
+    }),
   );
 
   if (opt.inProcess) {
     log("loading the in-process engines");
     // Imported here, not at the top: runs without the in-process column never load the engines' API.
     const { loadInProcess } = await import("./in_process.ts");
-    const ip = await loadInProcess(serverArgs, CHAT, EMBED);
+    const ip = await loadInProcess(serverArgs, chatModels.map((m) => m.id), EMBED);
     cleanups.push(() => ip.dispose());
     sides.push({
       key: "inProcess",
-      chat: (body) => ip.chatStream(body),
+      chat: (chatId, body) => ip.chatStream(chatId, body),
       embed: async (input) => {
         await ip.embedTexts(typeof input === "string" ? [input] : input);
         return undefined;
@@ -183,18 +216,27 @@ try {
     const versionText = new TextDecoder().decode(version.stderr) + new TextDecoder().decode(version.stdout);
     meta["llama-server"] = versionText.match(/version: .*/)?.[0] ?? llamaServerBinary;
     await Deno.mkdir(opt.out, { recursive: true });
-    const chatArgs = chatServerArgs({
-      model: chatPath,
-      alias: CHAT,
-      threads,
-      slots: chatParallel,
-      ctxPerSlot: chatCtx,
-      apiKey: KEY,
-    });
-    log(`starting llama-server (chat): ${llamaServerBinary} ${chatArgs.join(" ")}`);
-    const chat = await startLlamaServer(llamaServerBinary, chatArgs, `${opt.out}/llama-server-chat.log`);
-    llamaServers.chat = chat;
-    cleanups.push(() => chat.stop());
+    const chatApis = new Map<string, { api: OpenAI; model: string }>();
+    for (const m of chatModels) {
+      const chatArgs = chatServerArgs({
+        model: m.path,
+        alias: m.id,
+        threads,
+        slots: chatParallel,
+        ctxPerSlot: chatCtx,
+        apiKey: KEY,
+      });
+      log(`starting llama-server (${m.preset}): ${llamaServerBinary} ${chatArgs.join(" ")}`);
+      const chat = await startLlamaServer(
+        llamaServerBinary,
+        chatArgs,
+        `${opt.out}/llama-server-${m.preset}.log`,
+      );
+      llamaServers.chat.push(chat);
+      cleanups.push(() => chat.stop());
+      chatApis.set(m.id, { api: openai(chat.url, KEY), model: m.id });
+      baselineChats.add(m.id);
+    }
     const embedArgs = embeddingServerArgs({
       model: embedPath,
       alias: EMBED,
@@ -207,23 +249,22 @@ try {
     const embed = await startLlamaServer(llamaServerBinary, embedArgs, `${opt.out}/llama-server-embed.log`);
     llamaServers.embed = embed;
     cleanups.push(() => embed.stop());
-    const chatApi = openai(chat.url, KEY);
     sides.push(
       httpSide("baseline", {
-        chat: chatApi,
-        chatModel: CHAT,
+        chat: chatApis,
         embed: openai(embed.url, KEY),
         embedModel: EMBED,
-        models: chatApi,
+        models: [...chatApis.values()][0].api,
       }),
     );
   } else if (opt.baseline?.kind === "url") {
     const b = opt.baseline;
+    if (b.chatModel) baselineChats.add(chatModels[0].id);
     const api = openai(b.url, b.key);
     sides.push(
       httpSide("baseline", {
-        chat: api,
-        chatModel: b.chatModel,
+        // The URL baseline serves one chat model: compared with the first one here.
+        chat: new Map(b.chatModel ? [[chatModels[0].id, { api, model: b.chatModel }]] : []),
         embed: api,
         embedModel: b.embeddingModel,
         models: api,
@@ -266,6 +307,15 @@ Deno.exit(0);
 
 // ---- measuring ----
 
+/**
+ * Waits until the other side's compute threads are idle: llama.cpp's thread pools keep polling
+ * for work for ~0.1–0.2 s after each decode (in vserve and llama-server alike), and a measurement
+ * started meanwhile would share the cores with them.
+ */
+function cooldown(): Promise<void> {
+  return new Promise((r) => setTimeout(r, 300));
+}
+
 type Samples = Partial<Record<Side["key"], number[]>>;
 
 /** Runs `run` once per repetition on every side that can (`can`), in alternating order; results by side. */
@@ -277,6 +327,7 @@ async function perRep<T>(
   const out = new Map<Side["key"], T[]>();
   for (let rep = 0; rep < reps; rep++) {
     for (const side of runOrder(sides.filter(can), rep)) {
+      await cooldown();
       const list = out.get(side.key) ?? [];
       list.push(await run(side, rep));
       out.set(side.key, list);
@@ -315,59 +366,69 @@ function checkLength(side: Side, t: StreamTiming, wanted: number) {
 
 async function warmUp() {
   for (const side of sides) {
-    await side.chat?.({ ...chatBody("warm up", 4) });
+    for (const m of chatModels) if (servesChat(side, m.id)) await side.chat!(m.id, chatBody("warm up", 4));
     await side.embed?.("warm up");
   }
 }
 
+/** Whether `side` serves chat model `id` (asked without sending anything). */
+function servesChat(side: Side, id: string): boolean {
+  return side.key !== "baseline" || !side.chat ? !!side.chat : baselineChats.has(id);
+}
+
 async function chatSingle() {
-  const results = await perRep((s) => !!s.chat, async (side, rep) => {
-    // A unique prompt per run: no request may reuse another's cached prefix.
-    const t = await side.chat!(chatBody(promptText(`${side.key}${rep}`, promptWords), decodeTokens));
-    checkLength(side, t, decodeTokens);
-    return t;
-  }, "chat single stream");
-  const tokens = results.get("http")?.[0]?.promptTokens;
-  const ttftLabel = `time to first token, ${
-    tokens ? `${tokens}-token` : `~${Math.round(promptWords * 1.25)}-token`
-  } prompt`;
-  record("chat single stream", ttftLabel, "ms", "lower", samples(results, (t) => t.first - t.start));
-  record(
-    "chat single stream",
-    "prompt processing",
-    "tok/s",
-    "higher",
-    samples(results, (t) => t.promptTokens / ((t.first - t.start) / 1000)),
-  );
-  record(
-    "chat single stream",
-    `decode over ${decodeTokens} tokens`,
-    "tok/s",
-    "higher",
-    samples(results, (t) => (t.completionTokens - 1) / ((t.end - t.first) / 1000)),
-  );
+  for (const m of chatModels) {
+    const label = `chat single stream (${m.preset})`;
+    const results = await perRep((s) => servesChat(s, m.id), async (side, rep) => {
+      // A unique prompt per run: no request may reuse another's cached prefix.
+      const t = await side.chat!(m.id, chatBody(promptText(`${side.key}${rep}`, promptWords), decodeTokens))!;
+      checkLength(side, t, decodeTokens);
+      return t;
+    }, label);
+    const tokens = results.get("http")?.[0]?.promptTokens;
+    const ttftLabel = `time to first token, ${
+      tokens ? `${tokens}-token` : `~${Math.round(promptWords * 1.25)}-token`
+    } prompt`;
+    record(label, ttftLabel, "ms", "lower", samples(results, (t) => t.first - t.start));
+    record(
+      label,
+      "prompt processing",
+      "tok/s",
+      "higher",
+      samples(results, (t) => t.promptTokens / ((t.first - t.start) / 1000)),
+    );
+    record(
+      label,
+      `decode over ${decodeTokens} tokens`,
+      "tok/s",
+      "higher",
+      samples(results, (t) => (t.completionTokens - 1) / ((t.end - t.first) / 1000)),
+    );
+  }
 }
 
 async function chatConcurrency() {
-  for (const c of concurrency) {
-    const results = await perRep((s) => !!s.chat, async (side, rep) => {
-      const timings = await Promise.all(
-        Array.from(
-          { length: c },
-          (_, i) => side.chat!(chatBody(promptText(`c${c}${side.key}${rep}s${i}`, 8), decodeTokens)),
-        ),
+  for (const m of chatModels) {
+    for (const c of concurrency) {
+      const results = await perRep((s) => servesChat(s, m.id), async (side, rep) => {
+        const timings = await Promise.all(
+          Array.from(
+            { length: c },
+            (_, i) => side.chat!(m.id, chatBody(promptText(`c${c}${side.key}${rep}s${i}`, 8), decodeTokens))!,
+          ),
+        );
+        const tokens = timings.reduce((n, t) => n + t.completionTokens, 0);
+        const wall = Math.max(...timings.map((t) => t.end)) - Math.min(...timings.map((t) => t.start));
+        return tokens / (wall / 1000);
+      }, `chat ${m.preset}: ${c} concurrent streams`);
+      record(
+        `chat aggregate decode (${m.preset})`,
+        `${c} concurrent stream${c > 1 ? "s" : ""}`,
+        "tok/s",
+        "higher",
+        samples(results, (x) => x),
       );
-      const tokens = timings.reduce((n, t) => n + t.completionTokens, 0);
-      const wall = Math.max(...timings.map((t) => t.end)) - Math.min(...timings.map((t) => t.start));
-      return tokens / (wall / 1000);
-    }, `chat ${c} concurrent streams`);
-    record(
-      "chat aggregate decode",
-      `${c} concurrent stream${c > 1 ? "s" : ""}`,
-      "tok/s",
-      "higher",
-      samples(results, (x) => x),
-    );
+    }
   }
 }
 
@@ -423,6 +484,7 @@ async function embeddings() {
     const lat = new Map<Side["key"], number[]>();
     for (let i = 0; i < calls; i++) {
       for (const side of runOrder(sides.filter((s) => !!s.embed), i)) {
+        await cooldown();
         const t0 = performance.now();
         await side.embed!("hello world");
         const list = lat.get(side.key) ?? [];
@@ -449,7 +511,10 @@ async function embeddings() {
 async function overhead() {
   const n = quick ? 400 : 2000;
   const models = new Map<Side["key"], number[]>();
-  for (const side of sides) if (side.models) models.set(side.key, await latencies(16, n, side.models));
+  for (const side of sides) {
+    await cooldown();
+    if (side.models) models.set(side.key, await latencies(16, n, side.models));
+  }
   for (const p of [50, 99]) {
     record(
       "server overhead",
@@ -462,6 +527,7 @@ async function overhead() {
   const m = quick ? 200 : 800;
   const embeds = new Map<Side["key"], number[]>();
   for (const side of sides) {
+    await cooldown();
     if (side.embed) {
       embeds.set(
         side.key,
@@ -485,8 +551,9 @@ async function memory() {
   const vserveRss = server ? await peakRssMiB(server.pid) : NaN;
   meta["vserve peak RSS"] = `${vserveRss.toFixed(0)} MiB`;
   const s: Samples = { http: [vserveRss] };
-  if (llamaServers.chat && llamaServers.embed) {
-    const chat = await llamaServers.chat.peakRssMiB();
+  if (llamaServers.chat.length > 0 && llamaServers.embed) {
+    let chat = 0;
+    for (const c of llamaServers.chat) chat += await c.peakRssMiB();
     const embed = await llamaServers.embed.peakRssMiB();
     meta["llama-server peak RSS"] = `chat ${chat.toFixed(0)} MiB + embeddings ${embed.toFixed(0)} MiB`;
     s.baseline = [chat + embed];

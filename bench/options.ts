@@ -8,6 +8,9 @@ export const USAGE = `deno task bench [options]
   --tiny                       the tiny presets: checks the harness, not the speed
   --reps N                     repetitions (default 3; --quick: 1)
   --scenarios LIST             chat,concurrency,embeddings,overhead (default: all)
+  --chat-models LIST           dense,moe: bench-chat (Qwen3-0.6B shape) and bench-moe (Qwen3.6-35B-A3B's
+                               per-token compute, 16 experts); with --tiny: tiny-chat, tiny-moe
+                               (default: both)
   --threads N                  CPU threads of every engine and server (default: all cores)
   --slots N                    chat slots (parallel sequences) (default: the most concurrent streams)
   --ctx N                      chat context per slot, tokens (default 1024; 4096 with --baseline llama-server)
@@ -36,6 +39,8 @@ export interface BenchOptions {
   tiny: boolean;
   reps: number;
   scenarios: Set<string>;
+  /** Chat models measured in the chat scenarios, in order. */
+  chatModels: ("dense" | "moe")[];
   threads: number | undefined;
   embedBackend: "llama" | "onnx";
   out: string;
@@ -77,6 +82,7 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
         tiny: { type: "boolean", default: false },
         reps: { type: "string" },
         scenarios: { type: "string", default: SCENARIOS.join(",") },
+        "chat-models": { type: "string", default: "dense,moe" },
         threads: { type: "string" },
         slots: { type: "string" },
         ctx: { type: "string" },
@@ -113,6 +119,11 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
       throw new UsageError(`unknown scenario '${s}' (known: ${SCENARIOS.join(", ")})`);
     }
   }
+  const chatModels = values["chat-models"]!.split(",").map((s) => s.trim()).filter(Boolean);
+  for (const m of chatModels) {
+    if (m !== "dense" && m !== "moe") throw new UsageError(`unknown chat model '${m}' (known: dense, moe)`);
+  }
+  if (chatModels.length === 0) throw new UsageError("--chat-models needs at least one of dense, moe");
   const embedBackend = values["embed-backend"];
   if (embedBackend !== "llama" && embedBackend !== "onnx") {
     throw new UsageError(`--embed-backend must be llama or onnx, got '${embedBackend}'`);
@@ -163,6 +174,7 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
     tiny: values.tiny!,
     reps: int("reps", values.reps, 1) ?? (quick ? 1 : 3),
     scenarios,
+    chatModels: chatModels as ("dense" | "moe")[],
     threads: int("threads", values.threads, 1),
     embedBackend,
     out: values.out!,

@@ -264,9 +264,16 @@ Deno.test({
     assert.equal(run.code, 0, new TextDecoder().decode(run.stderr));
     const report = JSON.parse(await Deno.readTextFile(`${out}/latest.json`));
     const scenarios = new Set(report.rows.map((r: Row) => r.scenario));
-    for (const s of ["chat single stream", "chat aggregate decode", "embeddings", "server overhead"]) {
-      assert.ok(scenarios.has(s), s);
-    }
+    for (
+      const s of [
+        "chat single stream (tiny-chat)",
+        "chat single stream (tiny-moe)",
+        "chat aggregate decode (tiny-chat)",
+        "chat aggregate decode (tiny-moe)",
+        "embeddings",
+        "server overhead",
+      ]
+    ) assert.ok(scenarios.has(s), s);
     for (const r of report.rows as Row[]) assert.ok(r.http.median > 0, `${r.scenario} ${r.metric}`);
     assert.equal(report.meta.cores, navigator.hardwareConcurrency);
     assert.match(await Deno.readTextFile(`${out}/latest.md`), /HTTP \/ in-process/);

@@ -61,7 +61,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly #active: Input[] = [];
   readonly #freeSeqs: number[];
   #kvUsed = 0;
-  #running: Promise<void> | undefined;
+  #running = false;
   readonly stats: EmbeddingStats = {
     tokensEvaluated: 0,
     decodes: 0,
@@ -147,21 +147,27 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       )
     );
     this.stats.inputsQueued = this.#queue.length;
-    this.#running ??= this.#loop().finally(() => (this.#running = undefined));
+    if (!this.#running) void this.#loop();
     return Promise.all(results);
   }
 
   async #loop(): Promise<void> {
-    while (this.#queue.length > 0 || this.#active.length > 0) {
-      this.#dropCancelled();
-      this.#admit();
-      if (this.#active.length === 0) continue;
-      try {
-        if (this.pooling === "last") await this.#stepLast();
-        else await this.#stepAll();
-      } catch (e) {
-        for (const input of [...this.#active]) this.#done(input, undefined, e);
+    this.#running = true;
+    // The flag is cleared in the same turn as the last check: an input queued after it starts a new loop.
+    try {
+      while (this.#queue.length > 0 || this.#active.length > 0) {
+        this.#dropCancelled();
+        this.#admit();
+        if (this.#active.length === 0) continue;
+        try {
+          if (this.pooling === "last") await this.#stepLast();
+          else await this.#stepAll();
+        } catch (e) {
+          for (const input of [...this.#active]) this.#done(input, undefined, e);
+        }
       }
+    } finally {
+      this.#running = false;
     }
   }
 
@@ -278,7 +284,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   }
 
   async dispose(): Promise<void> {
-    await this.#running?.catch(() => {});
+    while (this.#running) await new Promise((r) => setTimeout(r, 10));
     this.#batch.free();
     this.#ctx.free();
     this.#model.free();

@@ -130,6 +130,17 @@ const SYMBOLS = {
   llama_sampler_accept: { parameters: ["pointer", "i32"], result: "void" },
   llama_sampler_clone: { parameters: ["pointer"], result: "pointer" },
   llama_sampler_free: { parameters: ["pointer"], result: "void" },
+  llama_attach_threadpool: { parameters: ["pointer", "pointer", "pointer"], result: "void" },
+} as const satisfies Deno.ForeignLibraryInterface;
+
+/** ggml's backend registry (libggml) and threadpool settings (libggml-base). */
+const GGML_SYMBOLS = {
+  ggml_backend_dev_by_type: { parameters: ["i32"], result: "pointer" },
+} as const satisfies Deno.ForeignLibraryInterface;
+const GGML_BASE_SYMBOLS = {
+  ggml_backend_dev_backend_reg: { parameters: ["pointer"], result: "pointer" },
+  ggml_backend_reg_get_proc_address: { parameters: ["pointer", "buffer"], result: "pointer" },
+  ggml_threadpool_params_init: { parameters: ["buffer", "i32"], result: "void" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** The bound library. */
@@ -139,6 +150,8 @@ export type LlamaSymbols = Deno.DynamicLibrary<typeof SYMBOLS>["symbols"];
 export interface LlamaLibrary {
   path: string;
   symbols: LlamaSymbols;
+  /** A persistent CPU thread pool of `threads` workers, shared by every context (see below). */
+  threadpool(threads: number): Deno.PointerValue;
 }
 
 let opened: LlamaLibrary | undefined;
@@ -156,9 +169,71 @@ export function openLlamaLibrary(): LlamaLibrary {
   if (opened) return opened;
   const path = loadedLibraryPath();
   const lib = Deno.dlopen(path, SYMBOLS);
-  opened = { path, symbols: lib.symbols };
+  const pools = new Map<number, Deno.PointerValue>();
+  opened = {
+    path,
+    symbols: lib.symbols,
+    threadpool: (threads) => {
+      if (!pools.has(threads)) pools.set(threads, createThreadpool(path, threads));
+      return pools.get(threads)!;
+    },
+  };
   checkLayouts(opened.symbols);
   return opened;
+}
+
+/** `sizeof(struct ggml_threadpool_params)`: bool cpumask[512], n_threads, prio, poll, two bools. */
+const THREADPOOL_PARAMS_BYTES = 528;
+
+/**
+ * A persistent ggml CPU thread pool (as llama-server attaches one): without it every decode starts
+ * and joins its worker threads, which costs milliseconds per decode. Null when the CPU backend does
+ * not export the pool functions (then llama.cpp falls back to per-decode threads).
+ */
+function createThreadpool(llamaPath: string, threads: number): Deno.PointerValue {
+  try {
+    const dir = llamaPath.replace(/\/[^/]+$/, "");
+    const ggmlName = [...Deno.readDirSync(dir)].map((e) => e.name).find((n) =>
+      /^libggml(\.v[\d.]+)?\.so$/.test(n)
+    );
+    if (!ggmlName) return null;
+    const ggml = Deno.dlopen(`${dir}/${ggmlName}`, GGML_SYMBOLS).symbols;
+    const base = Deno.dlopen(`${dir}/libggml-base.so`, GGML_BASE_SYMBOLS).symbols;
+    const cpu = ggml.ggml_backend_dev_by_type(0);
+    if (!cpu) return null;
+    const reg = base.ggml_backend_dev_backend_reg(cpu);
+    const fn = reg && base.ggml_backend_reg_get_proc_address(reg, cString("ggml_threadpool_new"));
+    if (!fn) return null;
+    const create = new Deno.UnsafeFnPointer(fn as Deno.PointerObject<never>, {
+      parameters: ["buffer"],
+      result: "pointer",
+    });
+    const params = new Uint8Array(new ArrayBuffer(THREADPOOL_PARAMS_BYTES));
+    base.ggml_threadpool_params_init(params, threads);
+    new DataView(params.buffer).setUint32(520, Number(Deno.env.get("POLL") ?? 50), true);
+    return create.call(params);
+  } catch {
+    return null;
+  }
+}
+
+let computing: Promise<unknown> = Promise.resolve();
+
+/**
+ * Runs native compute work one at a time in this process. Every context shares one thread pool
+ * sized to the cores: two decodes at once (chat and embeddings, say) would oversubscribe the cores,
+ * and llama.cpp's spinning workers then slow down many times over. Serialized, each decode gets
+ * every core.
+ *
+ * @example
+ * ```ts
+ * await serialized(() => lib.symbols.llama_decode(ctx, batch));
+ * ```
+ */
+export function serialized<T>(work: () => Promise<T>): Promise<T> {
+  const run = computing.then(work, work);
+  computing = run.catch(() => {});
+  return run;
 }
 
 /** The path of the libllama mapped into this process by node-llama-cpp's addon. */

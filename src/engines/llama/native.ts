@@ -10,6 +10,7 @@ import {
   nativeView,
   POOLING,
   readCString,
+  serialized,
 } from "./ffi.ts";
 
 /** Token attribute bits (`llama_token_attr`). */
@@ -220,6 +221,10 @@ export class NativeContext {
     params[CONTEXT_PARAMS.kvUnified] = opts.kvUnified ? 1 : 0;
     params[CONTEXT_PARAMS.noPerf] = 1;
     const ptr = await lib.symbols.llama_init_from_model(model.ptr, params);
+    if (ptr) {
+      const pool = lib.threadpool(opts.threads);
+      if (pool) lib.symbols.llama_attach_threadpool(ptr, pool, pool);
+    }
     if (!ptr) {
       throw new Error(
         `llama.cpp could not create a context of ${opts.nCtx} tokens for ${opts.nSeqMax} sequences ` +
@@ -232,7 +237,7 @@ export class NativeContext {
   /** Runs the model on `batch` (off the JS thread); throws with llama.cpp's reason on failure. */
   async decode(batch: Batch): Promise<void> {
     if (batch.size === 0) return;
-    const r = await this.lib.symbols.llama_decode(this.ptr, batch.struct());
+    const r = await serialized(() => this.lib.symbols.llama_decode(this.ptr, batch.struct()));
     if (r === 0) return;
     throw new Error(
       r === 1
@@ -293,12 +298,14 @@ export class NativeContext {
   /** Restores a snapshot from {@link saveState} into `seq`. */
   async restoreState(seq: number, data: Uint8Array, flags: number): Promise<void> {
     const n = Number(
-      await this.lib.symbols.llama_state_seq_set_data_ext(
-        this.ptr,
-        data as Uint8Array<ArrayBuffer>,
-        BigInt(data.length),
-        seq,
-        flags,
+      await serialized(() =>
+        this.lib.symbols.llama_state_seq_set_data_ext(
+          this.ptr,
+          data as Uint8Array<ArrayBuffer>,
+          BigInt(data.length),
+          seq,
+          flags,
+        )
       ),
     );
     if (n === 0) throw new Error("llama.cpp could not restore the sequence state");

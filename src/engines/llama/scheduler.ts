@@ -122,7 +122,7 @@ export class Scheduler {
   readonly #slots: Slot[];
   readonly #waiting: Running[] = [];
   readonly #running: Running[] = [];
-  #loop: Promise<void> | undefined;
+  #looping = false;
   #wake: (() => void) | undefined;
   #clock = 0;
   /** Recurrent models: whether the next step prefers a prompt chunk over decoding. */
@@ -197,10 +197,20 @@ export class Scheduler {
 
   #kick() {
     this.#wake?.();
-    this.#loop ??= this.#run().finally(() => (this.#loop = undefined));
+    if (!this.#looping) void this.#run();
   }
 
   async #run(): Promise<void> {
+    this.#looping = true;
+    // The flag is cleared in the same turn as the last check: a job submitted after it starts a new loop.
+    try {
+      await this.#loopSteps();
+    } finally {
+      this.#looping = false;
+    }
+  }
+
+  async #loopSteps(): Promise<void> {
     while (this.#waiting.length > 0 || this.#running.length > 0) {
       this.#dropCancelled();
       await this.#admit();
@@ -257,7 +267,11 @@ export class Scheduler {
       this.stats.promptTokensReused += r.cached;
       // Chunks end at multiples of the chunk size and at turn starts: they depend on the prompt
       // alone, so a prompt is always cut the same way, whatever else runs.
-      const hints = [...(r.job.checkpoints ?? [])].filter((p) => p > 0 && p < r.job.prompt.length);
+      // A checkpoint only pays off after a long enough prefix: shorter ones are cheap to recompute,
+      // and every cut costs the chunk before it a pass over the weights.
+      const hints = [...(r.job.checkpoints ?? [])].filter((p) =>
+        p >= this.#opts.chunk && p < r.job.prompt.length
+      );
       const chunk = this.#opts.chunk;
       // (Turn starts matter only where checkpoints are taken: recurrent models.)
       const cuts = new Set(this.#model.recurrent ? hints : []);
@@ -350,29 +364,27 @@ export class Scheduler {
       }
     }
     const prefills: { running: Running; from: number; to: number; out: number }[] = [];
-    // A prompt chunk runs by itself, alternating with decode steps. Sharing a batch would change how
-    // llama.cpp tiles it (matrix kernels work on groups of rows; recurrent layers split batches
-    // into micro-batches of equal length per sequence), and with that the last bits of its numbers:
-    // alone, every sequence computes exactly as it would on an idle server, so greedy output does
-    // not depend on load.
-    const alone = true;
+    // Greedy output must not depend on load: a sequence has to compute exactly as it would alone.
+    // llama.cpp splits a batch of several sequences into micro-batches of equal length per sequence
+    // (recurrent layers, and per-sequence KV streams, need that), so a prompt chunk sharing a batch
+    // would be cut into other pieces than when it runs alone, and its numbers would differ in the
+    // last bits. A prompt chunk therefore runs by itself, alternating with decode steps (which hold
+    // one token per sequence and split the same way every time), and ends only at its own boundaries.
     const prefilling = this.#running.filter((r) => r.fed < r.job.prompt.length);
-    if (alone && prefilling.length > 0 && (decodes.length === 0 || this.#prefillTurn)) batch.clear();
-    if (!alone || batch.size === 0) {
+    if (prefilling.length > 0 && (decodes.length === 0 || this.#prefillTurn)) batch.clear();
+    if (batch.size === 0) {
       for (const r of prefilling) {
-        if (batch.room === 0 || (alone && prefills.length > 0)) break;
-        const slot = r.slots[0];
+        if (prefills.length > 0) break;
         const from = r.fed;
-        const next = r.boundaries.find((p) => p > from) ?? r.job.prompt.length;
-        const to = Math.min(next, from + batch.room);
+        const to = r.boundaries.find((p) => p > from) ?? r.job.prompt.length;
         let out = -1;
         for (let i = from; i < to; i++) {
-          out = batch.add(r.job.prompt[i], i, slot.seq, i === r.job.prompt.length - 1);
+          out = batch.add(r.job.prompt[i], i, r.slots[0].seq, i === r.job.prompt.length - 1);
         }
         prefills.push({ running: r, from, to, out });
       }
     }
-    if (alone && prefills.length > 0) decodes.length = 0;
+    if (prefills.length > 0) decodes.length = 0;
     this.#prefillTurn = !this.#prefillTurn;
     this.stats.decodes++;
     this.stats.batchedTokens += batch.size;
