@@ -194,6 +194,9 @@ function createMetrics(registry: Registry): Metrics {
     engineCounter("batched_tokens", "Tokens in all batches (with decodes: the mean batch size)."),
     engineCounter("checkpoints_saved", "Recurrent-state checkpoints taken (hybrid models)."),
     engineCounter("checkpoints_restored", "Recurrent-state checkpoints restored (hybrid models)."),
+    engineCounter("decode_seconds", "Time in model evaluation (llama_decode)."),
+    engineCounter("sample_seconds", "Time sampling and handling generated tokens."),
+    engineCounter("step_seconds", "Time in generation steps altogether."),
     engineCounter("tokens_evaluated", "Embedding tokens run through the model."),
     engineCounter("inputs_embedded", "Embedding inputs finished."),
     new Gauge(

@@ -10,11 +10,10 @@
  */
 import { parseArgs } from "node:util";
 
-/** The CMake cache entries of the build: CPU only, tuned for this machine, nothing fetched from the network. */
+/** The CMake cache entries of the build: CPU only, nothing fetched from the network (CPU flags: below). */
 export const CMAKE_FLAGS: readonly string[] = [
   "-DCMAKE_BUILD_TYPE=Release",
   "-DBUILD_SHARED_LIBS=OFF", // one self-contained binary
-  "-DGGML_NATIVE=ON",
   // node-llama-cpp's prebuilt CPU binaries (what our engine loads) use ggml's own thread pool, not OpenMP.
   "-DGGML_OPENMP=OFF",
   "-DGGML_CCACHE=OFF",
@@ -32,6 +31,62 @@ export const CMAKE_FLAGS: readonly string[] = [
   "-DLLAMA_BUILD_SERVER=ON",
   "-DLLAMA_BUILD_APP=OFF",
 ];
+
+/**
+ * ggml's x86 CPU variants (ggml/src/CMakeLists.txt, `ggml_add_cpu_backend_variant`): node-llama-cpp's
+ * prebuilt binaries ship all of them and load the best one for the CPU at run time. Building the
+ * baseline with the same variant's instruction sets compares the same kernels, compiled the same way.
+ */
+export const CPU_VARIANTS: Record<string, readonly string[]> = {
+  x64: [],
+  sse42: ["SSE42"],
+  sandybridge: ["SSE42", "AVX"],
+  ivybridge: ["SSE42", "AVX", "F16C"],
+  piledriver: ["SSE42", "AVX", "F16C", "FMA"],
+  haswell: ["SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2"],
+  skylakex: ["SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512"],
+  cannonlake: ["SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI"],
+  cascadelake: ["SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VNNI"],
+  icelake: ["SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI"],
+  cooperlake: ["SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX512", "AVX512_VNNI", "AVX512_BF16"],
+  zen4: [
+    "SSE42",
+    "AVX",
+    "F16C",
+    "FMA",
+    "AVX2",
+    "BMI2",
+    "AVX512",
+    "AVX512_VBMI",
+    "AVX512_VNNI",
+    "AVX512_BF16",
+  ],
+  alderlake: ["SSE42", "AVX", "F16C", "FMA", "AVX2", "BMI2", "AVX_VNNI"],
+  sapphirerapids: [
+    "SSE42",
+    "AVX",
+    "F16C",
+    "FMA",
+    "AVX2",
+    "BMI2",
+    "AVX512",
+    "AVX512_VBMI",
+    "AVX512_VNNI",
+    "AVX512_BF16",
+    "AMX_TILE",
+    "AMX_INT8",
+  ],
+};
+
+/** The CPU flags: `native` (tuned for this machine) or one of {@link CPU_VARIANTS}. */
+export function cpuFlags(cpu: string): string[] {
+  if (cpu === "native") return ["-DGGML_NATIVE=ON"];
+  const features = CPU_VARIANTS[cpu];
+  if (!features) {
+    throw new Error(`unknown CPU variant '${cpu}' (known: native, ${Object.keys(CPU_VARIANTS).join(", ")})`);
+  }
+  return ["-DGGML_NATIVE=OFF", ...features.map((f) => `-DGGML_${f}=ON`)];
+}
 
 /** The only target built. */
 export const TARGET = "llama-server";
@@ -131,13 +186,14 @@ export async function ensureLlamaServer(
   root: string,
   log: Log,
   source?: LlamaCppSource,
+  cpu = "native",
 ): Promise<string> {
   const src = source ?? await nodeLlamaCppSource();
   if (!/^[\w.+-]+$/.test(src.tag)) throw new Error(`unexpected llama.cpp tag '${src.tag}'`);
-  const dir = `${root}/${src.tag}`;
+  const dir = cpu === "native" ? `${root}/${src.tag}` : `${root}/${src.tag}-${cpu}`;
   await Deno.mkdir(dir, { recursive: true });
   const binary = `${dir}/build/bin/${TARGET}`;
-  const wanted = await wantedStamp(src);
+  const wanted = await wantedStamp(src, cpu);
   if (await isBuilt(dir, binary, wanted)) return binary;
 
   const release = await acquireLock(`${dir}/build.lock`, log);
@@ -157,7 +213,7 @@ async function isBuilt(dir: string, binary: string, wanted: BuildStamp): Promise
   return exists && stampMatches(stamp, wanted);
 }
 
-async function wantedStamp(src: LlamaCppSource): Promise<BuildStamp> {
+async function wantedStamp(src: LlamaCppSource, cpu: string): Promise<BuildStamp> {
   const heads = await run("git", ["bundle", "list-heads", src.bundle]);
   const commit = heads.stdout.trim().split(/\s+/)[0];
   if (!/^[0-9a-f]{40}$/.test(commit)) throw new Error(`cannot read the commit of ${src.bundle}`);
@@ -168,7 +224,7 @@ async function wantedStamp(src: LlamaCppSource): Promise<BuildStamp> {
     commit,
     patches,
     generator: await hasCommand("ninja") ? "Ninja" : "Unix Makefiles",
-    cmakeFlags: [...CMAKE_FLAGS],
+    cmakeFlags: [...CMAKE_FLAGS, ...cpuFlags(cpu)],
     target: TARGET,
     host: await hostFingerprint(),
   };
@@ -324,11 +380,16 @@ async function run(cmd: string, args: string[]): Promise<{ stdout: string }> {
 }
 
 if (import.meta.main) {
-  const { values } = parseArgs({ args: Deno.args, options: { cache: { type: "string" } } });
+  const { values } = parseArgs({
+    args: Deno.args,
+    options: { cache: { type: "string" }, cpu: { type: "string", default: "native" } },
+  });
   const log = (msg: string) =>
     console.error(`[llama-server ${new Date().toISOString().slice(11, 19)}] ${msg}`);
   try {
-    console.log(await ensureLlamaServer(cacheRoot(values.cache, Deno.env.toObject()), log));
+    console.log(
+      await ensureLlamaServer(cacheRoot(values.cache, Deno.env.toObject()), log, undefined, values.cpu),
+    );
   } catch (e) {
     console.error((e as Error).message);
     Deno.exit(1);

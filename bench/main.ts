@@ -132,8 +132,10 @@ const sides: Side[] = [];
 try {
   let llamaServerBinary: string | undefined;
   if (opt.baseline?.kind === "llama-server") {
+    const cpu = opt.baseline.cpu === "same" ? await loadedCpuVariant() : opt.baseline.cpu;
+    meta["llama-server CPU build"] = cpu;
     llamaServerBinary = opt.baseline.binary ??
-      await ensureLlamaServer(cacheRoot(opt.baseline.cache, Deno.env.toObject()), log);
+      await ensureLlamaServer(cacheRoot(opt.baseline.cache, Deno.env.toObject()), log, undefined, cpu);
   }
 
   const cacheDir = new URL("../models/cache", import.meta.url).pathname;
@@ -305,6 +307,14 @@ try {
 await cleanUp();
 Deno.exit(0);
 
+/** The ggml CPU variant node-llama-cpp loads on this machine (e.g. haswell), or native if unknown. */
+async function loadedCpuVariant(): Promise<string> {
+  const { llamaRuntime } = await import("../src/engines/llama/runtime.ts");
+  await llamaRuntime("cpu", silentLogger);
+  const maps = await Deno.readTextFile("/proc/self/maps").catch(() => "");
+  return maps.match(/libggml-cpu-([\w.]+)\.so/)?.[1] ?? "native";
+}
+
 // ---- measuring ----
 
 /**
@@ -433,28 +443,34 @@ async function chatConcurrency() {
 }
 
 async function embeddings() {
-  const SENTENCES = sentences(opt.sentenceCount);
-  const DOCUMENT = promptText("document", quick ? 400 : 1996); // ~2,000 tokens in full mode
-  const n = SENTENCES.length;
-  const rate = (run: (side: Side) => Promise<unknown>) => async (side: Side) => {
+  // Every run gets inputs of its own (tag = case, side, repetition): servers that cache prompts
+  // (llama-server reuses a slot's KV cache) must compute them like everyone else.
+  const n = opt.sentenceCount;
+  const rate = (run: (side: Side, tag: string) => Promise<unknown>) => async (side: Side, rep: number) => {
+    const tag = `${side.key}${rep}-`;
     const t0 = performance.now();
-    await run(side);
+    await run(side, tag);
     return n / ((performance.now() - t0) / 1000);
   };
-  const cases: [string, string, Row["better"], (side: Side) => Promise<number>][] = [
-    [`${n} sentences in one request`, "embeddings/s", "higher", rate((s) => s.embed!(SENTENCES))],
+  const cases: [string, string, Row["better"], (side: Side, rep: number) => Promise<number>][] = [
+    [
+      `${n} sentences in one request`,
+      "embeddings/s",
+      "higher",
+      rate((s, t) => s.embed!(sentences(n, `a${t}`))),
+    ],
     [
       `${n} concurrent single-sentence requests`,
       "embeddings/s",
       "higher",
-      rate((s) => Promise.all(SENTENCES.map((x) => s.embed!(x)))),
+      rate((s, t) => Promise.all(sentences(n, `b${t}`).map((x) => s.embed!(x)))),
     ],
     [
       `${n} sentences one by one`,
       "embeddings/s",
       "higher",
-      rate(async (s) => {
-        for (const x of SENTENCES) await s.embed!(x);
+      rate(async (s, t) => {
+        for (const x of sentences(n, `c${t}`)) await s.embed!(x);
       }),
     ],
   ];
@@ -468,10 +484,11 @@ async function embeddings() {
     );
   }
 
-  const docTokens = await sides[0].embed!(DOCUMENT);
-  const doc = await perRep((s) => !!s.embed, async (side) => {
+  const DOCUMENT = (tag: string) => promptText(`document ${tag}`, quick ? 400 : 1996); // ~2,000 tokens in full mode
+  const docTokens = await sides[0].embed!(DOCUMENT("probe"));
+  const doc = await perRep((s) => !!s.embed, async (side, rep) => {
     const t0 = performance.now();
-    await side.embed!(DOCUMENT);
+    await side.embed!(DOCUMENT(`${side.key}${rep}`));
     return performance.now() - t0;
   }, "embeddings: one document");
   record("embeddings", `one ${docTokens ?? "~2,000"}-token document`, "ms", "lower", samples(doc, (x) => x));
@@ -486,7 +503,7 @@ async function embeddings() {
       for (const side of runOrder(sides.filter((s) => !!s.embed), i)) {
         await cooldown();
         const t0 = performance.now();
-        await side.embed!("hello world");
+        await side.embed!(`hello world ${rep}-${i}`);
         const list = lat.get(side.key) ?? [];
         list.push(performance.now() - t0);
         lat.set(side.key, list);
@@ -531,7 +548,7 @@ async function overhead() {
     if (side.embed) {
       embeds.set(
         side.key,
-        await latencies(16, m, () => side.embed!("a")),
+        await latencies(16, m, (k) => side.embed!(`a ${k}`)),
       );
     }
   }

@@ -24,6 +24,9 @@ export const USAGE = `deno task bench [options]
 
   --baseline llama-server      also run llama.cpp's llama-server (built once from node-llama-cpp's
                                llama.cpp source; see bench/README.md) on the same files and settings
+  --llama-server-cpu CPU       how the baseline is compiled: same (default: the instruction sets of the ggml
+                               CPU variant node-llama-cpp loads on this machine, e.g. haswell: the same
+                               kernels as vserve) | native (-march=native) | a variant name
   --llama-server-bin PATH      use this llama-server binary, build nothing  (env VSERVE_BENCH_LLAMA_SERVER)
   --llama-server-cache DIR     where the build goes            (env VSERVE_BENCH_LLAMA_CACHE;
                                default \${XDG_CACHE_HOME:-$HOME/.cache}/vserve/llama-server)
@@ -55,7 +58,7 @@ export interface BenchOptions {
   promptWords: number;
   sentenceCount: number;
   baseline?:
-    | { kind: "llama-server"; binary?: string; cache?: string }
+    | { kind: "llama-server"; binary?: string; cache?: string; cpu: string }
     | { kind: "url"; url: string; key: string; chatModel?: string; embeddingModel?: string };
 }
 
@@ -93,6 +96,7 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
         "no-in-process": { type: "boolean" },
         baseline: { type: "string" },
         "llama-server-bin": { type: "string" },
+        "llama-server-cpu": { type: "string", default: "same" },
         "llama-server-cache": { type: "string" },
         "baseline-url": { type: "string" },
         "baseline-key": { type: "string", default: "none" },
@@ -142,6 +146,7 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
       kind: "llama-server",
       binary: values["llama-server-bin"] ?? (env.VSERVE_BENCH_LLAMA_SERVER || undefined),
       cache: values["llama-server-cache"],
+      cpu: values["llama-server-cpu"]!,
     };
   } else if (values["llama-server-bin"] || values["llama-server-cache"]) {
     throw new UsageError("--llama-server-bin and --llama-server-cache need --baseline llama-server");

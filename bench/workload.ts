@@ -14,11 +14,14 @@ export function promptText(tag: string, words: number): string {
   return out.join(" ");
 }
 
-/** `count` short, distinct sentences. */
-export function sentences(count: number): string[] {
+/**
+ * `count` short, distinct sentences, made unique by `tag` (a server that caches prompts must not
+ * serve a repetition from its cache).
+ */
+export function sentences(count: number, tag = ""): string[] {
   return Array.from(
     { length: count },
-    (_, i) => `Sentence number ${i}: ${FILLER.slice(i % 7, (i % 7) + 8).join(" ")}.`,
+    (_, i) => `Sentence ${tag}${i}: ${FILLER.slice(i % 7, (i % 7) + 8).join(" ")}.`,
   );
 }
 
@@ -80,14 +83,15 @@ export async function httpStream(
 export async function latencies(
   clients: number,
   total: number,
-  call: () => Promise<unknown>,
+  call: (index: number) => Promise<unknown>,
 ): Promise<number[]> {
   const out: number[] = [];
   let next = 0;
   await Promise.all(Array.from({ length: clients }, async () => {
-    while (next++ < total) {
+    while (next < total) {
+      const index = next++;
       const t0 = performance.now();
-      await call();
+      await call(index);
       out.push(performance.now() - t0);
     }
   }));

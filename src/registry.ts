@@ -198,11 +198,11 @@ export class Registry {
   }
 
   /**
-   * Admits one request to `slot` or refuses it with 429 when its slots and queue are full.
-   * Returns the release function (idempotent).
+   * Admits one request to `slot` or refuses it with 429 when its slots and queue are full; a request
+   * needing several sequences (`n` choices) weighs that many. Returns the release function (idempotent).
    */
-  admit(slot: ModelSlot, maxQueue: number): () => void {
-    if (slot.inFlight >= slot.parallel + maxQueue) {
+  admit(slot: ModelSlot, maxQueue: number, weight = 1): () => void {
+    if (slot.inFlight + weight > slot.parallel + maxQueue) {
       throw new ApiError(
         429,
         "rate_limit_error",
@@ -213,10 +213,10 @@ export class Registry {
         { "retry-after": "1" },
       );
     }
-    slot.inFlight++;
+    slot.inFlight += weight;
     let released = false;
     return () => {
-      if (!released) slot.inFlight--;
+      if (!released) slot.inFlight -= weight;
       released = true;
     };
   }

@@ -21,6 +21,14 @@ import { ChatRequestSchema } from "./protocol/chat.ts";
 import type { ModelList, ModelObject } from "./protocol/models.ts";
 import { createEmbeddings } from "./services/embeddings.ts";
 import { createChatCompletion } from "./services/chat.ts";
+import { createCompletion } from "./services/completions.ts";
+import { detokenize, tokenize } from "./services/tokens.ts";
+import {
+  CompletionRequestSchema,
+  DetokenizeRequestSchema,
+  TokenizeRequestSchema,
+} from "./protocol/completions.ts";
+import { VERSION_INFO } from "./version.ts";
 import type { z } from "zod";
 
 /** Shutdown state shared with `main.ts`. */
@@ -91,9 +99,9 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     if (!r.success) throw fromZodError(r.error);
     return r.data;
   };
-  const admit = (slot: ModelSlot, ctx: RequestContext) => {
+  const admit = (slot: ModelSlot, ctx: RequestContext, weight = 1) => {
     try {
-      ctx.onDone.push(deps.registry.admit(slot, deps.maxQueue));
+      ctx.onDone.push(deps.registry.admit(slot, deps.maxQueue, weight));
     } catch (e) {
       deps.metrics.rejected.inc({ model: slot.spec.id });
       throw e;
@@ -167,10 +175,12 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
         ctx.model = body.model;
         allowedSlot(body.model, ctx.key);
         const { slot, engine } = deps.registry.engine(body.model, "chat");
-        admit(slot, ctx);
+        // n choices hold n sequences.
+        admit(slot, ctx, body.n ?? 1);
         const started = performance.now();
         return await createChatCompletion(body, engine, {
           defaultThinking: slot.spec.thinking,
+          systemFingerprint: slot.details.system_fingerprint as string | undefined,
           created: now(),
           signal: ctx.signal,
           log: deps.log,
@@ -184,6 +194,66 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
           },
         });
       },
+    },
+    {
+      method: "POST",
+      path: "/v1/completions",
+      auth: "v1",
+      handler: async (req, ctx) => {
+        const body = await parse(req, CompletionRequestSchema);
+        ctx.model = body.model;
+        allowedSlot(body.model, ctx.key);
+        const { slot, engine } = deps.registry.engine(body.model, "chat");
+        const prompts = typeof body.prompt === "string" || typeof body.prompt[0] === "number"
+          ? 1
+          : body.prompt.length;
+        admit(slot, ctx, prompts * (body.n ?? 1));
+        return await createCompletion(body, engine, {
+          created: now(),
+          signal: ctx.signal,
+          log: deps.log,
+          requestId: ctx.id,
+          systemFingerprint: slot.details.system_fingerprint as string | undefined,
+          onUsage: (u) => {
+            ctx.promptTokens = u.prompt_tokens;
+            ctx.completionTokens = u.completion_tokens;
+          },
+        });
+      },
+    },
+    ...["/tokenize", "/v1/tokenize"].map((path): Route => ({
+      method: "POST",
+      path,
+      auth: "v1",
+      handler: async (req, ctx) => {
+        const body = await parse(req, TokenizeRequestSchema);
+        ctx.model = body.model;
+        allowedSlot(body.model, ctx.key);
+        const slot = deps.registry.find(body.model);
+        const { engine } = deps.registry.engine(body.model, slot.spec.kind);
+        return jsonResponse(
+          await tokenize(body, engine, slot.spec.kind === "chat" ? slot.spec.thinking : undefined),
+        );
+      },
+    })),
+    ...["/detokenize", "/v1/detokenize"].map((path): Route => ({
+      method: "POST",
+      path,
+      auth: "v1",
+      handler: async (req, ctx) => {
+        const body = await parse(req, DetokenizeRequestSchema);
+        ctx.model = body.model;
+        allowedSlot(body.model, ctx.key);
+        const slot = deps.registry.find(body.model);
+        const { engine } = deps.registry.engine(body.model, slot.spec.kind);
+        return jsonResponse(detokenize(body, engine));
+      },
+    })),
+    {
+      method: "GET",
+      path: "/version",
+      auth: "open",
+      handler: () => jsonResponse(VERSION_INFO),
     },
     {
       method: "GET",
@@ -385,7 +455,16 @@ function applyCors(req: Request, res: Response, origins: readonly string[]): voi
   if (!origins.includes("*") && !origins.includes(origin)) return;
   res.headers.set("access-control-allow-origin", origins.includes("*") ? "*" : origin);
   res.headers.set("vary", "origin");
-  res.headers.set("access-control-allow-headers", "authorization, content-type, x-request-id");
+  // Browsers ask for what they will send (the official SDK adds its x-stainless-* headers): allow
+  // exactly that, as long as it is a list of header names.
+  const asked = req.headers.get("access-control-request-headers");
+  res.headers.set(
+    "access-control-allow-headers",
+    asked && /^[\w-]+(\s*,\s*[\w-]+)*$/.test(asked.trim()) && asked.length <= 2048
+      ? asked
+      : "authorization, content-type, x-request-id",
+  );
   res.headers.set("access-control-allow-methods", "GET, POST, OPTIONS");
   res.headers.set("access-control-expose-headers", "x-request-id");
+  res.headers.set("access-control-max-age", "600");
 }

@@ -12,6 +12,7 @@ import {
   type BuildStamp,
   cacheRoot,
   CMAKE_FLAGS,
+  cpuFlags,
   stampMatches,
 } from "../bench/llama_server_build.ts";
 
@@ -232,7 +233,6 @@ Deno.test("llama-server build flags: CPU only, native, nothing downloaded", () =
   for (
     const f of [
       "-DCMAKE_BUILD_TYPE=Release",
-      "-DGGML_NATIVE=ON",
       "-DGGML_CUDA=OFF",
       "-DLLAMA_OPENSSL=OFF",
       "-DLLAMA_BUILD_BORINGSSL=OFF",
@@ -241,6 +241,20 @@ Deno.test("llama-server build flags: CPU only, native, nothing downloaded", () =
       "-DLLAMA_BUILD_EXAMPLES=OFF",
     ]
   ) assert.ok(CMAKE_FLAGS.includes(f), f);
+});
+
+Deno.test("the baseline's CPU flags: native, or the instruction sets of node-llama-cpp's CPU variant", () => {
+  assert.deepEqual(cpuFlags("native"), ["-DGGML_NATIVE=ON"]);
+  assert.deepEqual(cpuFlags("haswell"), [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_SSE42=ON",
+    "-DGGML_AVX=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_BMI2=ON",
+  ]);
+  assert.throws(() => cpuFlags("pentium"), /unknown CPU variant/);
 });
 
 Deno.test("build progress is read from Ninja's or Make's last progress line", () => {

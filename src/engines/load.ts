@@ -28,6 +28,12 @@ export async function loadEngine(
     sha256: spec.sha256,
     size: spec.size,
   });
+  report({
+    system_fingerprint: await modelFingerprint(
+      path,
+      spec.backend === "onnx" ? "onnxruntime-1.30.0" : "llamacpp-v0.4.0",
+    ),
+  });
   const threads = engineThreads(spec.threads ?? config.threads);
   const gpuLayers = config.gpuLayers ?? spec.gpuLayers;
   const parallel = config.parallel ?? spec.parallel;
@@ -79,4 +85,30 @@ export async function loadEngine(
     thinking_default: spec.thinking ?? engine.thinking.defaultOn,
   });
   return engine;
+}
+
+/**
+ * `system_fingerprint`: the engine build and a digest of the model file (its size and first 4 MiB:
+ * reading a 20 GB file at every start would take a minute), so clients see when either changes.
+ */
+async function modelFingerprint(path: string, engine: string): Promise<string> {
+  const file = await Deno.open(path);
+  try {
+    const head = new Uint8Array(4 << 20);
+    let n = 0;
+    while (n < head.length) {
+      const r = await file.read(head.subarray(n));
+      if (r === null) break;
+      n += r;
+    }
+    const size = (await file.stat()).size;
+    const data = new Uint8Array(n + 8);
+    data.set(head.subarray(0, n));
+    new DataView(data.buffer).setBigUint64(n, BigInt(size), true);
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", data));
+    const hex = [...digest.slice(0, 5)].map((b) => b.toString(16).padStart(2, "0")).join("");
+    return `fp_${engine}_${hex}`;
+  } finally {
+    file.close();
+  }
 }

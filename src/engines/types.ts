@@ -13,6 +13,8 @@ export interface EmbeddingEngine {
   tokenize(text: string): Promise<number[]>;
   /** Completes client-given token ids the way `tokenize` would (e.g. appends EOS). */
   completeTokens(ids: readonly number[]): number[];
+  /** The text of token ids (for /detokenize), when the engine can say. */
+  detokenize?(ids: readonly number[]): string;
   /** Engine counters for /metrics (tokens evaluated, decodes, …). */
   counters?(): Record<string, number>;
   /** Pooled vectors (not yet normalised), one per sequence, in order. */
@@ -40,6 +42,8 @@ export interface EngineTool {
   description?: string;
   /** JSON schema of the arguments object. */
   parameters?: Record<string, unknown>;
+  /** OpenAI `strict`: calls must follow the schema, also under `tool_choice: auto`. */
+  strict?: boolean;
 }
 
 /** What constrains the output. */
@@ -81,6 +85,13 @@ export interface ChatJob {
   logprobs?: number;
   /** False: do not reuse a cached prompt prefix (llama-server's `cache_prompt`). */
   cachePrompt?: boolean;
+  /**
+   * A raw prompt (legacy completions): these tokens instead of the chat template, and the output is
+   * plain text (no reasoning or tool-call parsing).
+   */
+  rawPrompt?: number[];
+  /** Report the log-probability of every prompt token after the first (legacy `echo` + `logprobs`). */
+  promptLogprobs?: boolean;
 }
 
 /** A token's log-probability as clients see it. */
@@ -100,6 +111,8 @@ export type FinishReason = "stop" | "length" | "tool_calls";
  */
 export type ChatEvent =
   | { type: "prompt"; promptTokens: number; cachedTokens: number }
+  /** Log-probabilities of the prompt's tokens 2…n given what precedes them (`promptLogprobs`). */
+  | { type: "prompt_logprobs"; entries: TokenLogprobInfo[] }
   /** The first token was generated (visible text may come later, or never). */
   | { type: "first_token" }
   | { type: "content"; choice: number; text: string }
@@ -131,6 +144,18 @@ export interface ChatEngine {
   counters?(): Record<string, number>;
   /** Runs one job; stops and frees its sequences when `signal` aborts or the iterator is returned. */
   generate(job: ChatJob, signal: AbortSignal): AsyncIterable<ChatEvent>;
+  /** Token ids of `text`; `special`: parse special-token text (chat markup) into special tokens. */
+  tokenize(text: string, special: boolean): number[];
+  /** The text of `tokens` (special tokens included). */
+  detokenize(tokens: readonly number[]): string;
+  /** The prompt text the chat template renders for these messages. */
+  renderPrompt(job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">): string;
+  /** Number of token ids (ids at or above are invalid). */
+  readonly vocabSize: number;
+  /** Whether the vocabulary has fill-in-the-middle tokens (legacy completions' `suffix`). */
+  readonly fim?: { prefix: number; suffix: number; middle: number };
+  /** Text of a token (for log-probabilities of given tokens). */
+  tokenText(token: number): { token: string; bytes: number[] };
   /** Frees native memory. */
   dispose(): Promise<void>;
 }

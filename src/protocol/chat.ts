@@ -121,6 +121,9 @@ export const ChatRequestSchema = z.object({
   /** Accepted and not translated: the thinking switch is `chat_template_kwargs.enable_thinking`. */
   reasoning_effort: z.string().nullish(),
   user: z.string().nullish(),
+  /** Output modalities: only text is served (audio is refused, never silently dropped). */
+  modalities: z.array(z.string()).nullish(),
+  audio: z.record(z.string(), z.unknown()).nullish(),
   /** Extension (llama-server): false recomputes the whole prompt instead of reusing a cached prefix. */
   cache_prompt: z.boolean().nullish(),
 });

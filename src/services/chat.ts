@@ -24,6 +24,7 @@ import type {
 } from "../engines/types.ts";
 import { EngineInputError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
+import { checkAgainstSchema } from "./schema_check.ts";
 
 /** Per-request context from the server. */
 export interface ChatContext {
@@ -33,6 +34,8 @@ export interface ChatContext {
   signal: AbortSignal;
   log: Logger;
   requestId: string;
+  /** `system_fingerprint`: the engine build and the model file's digest. */
+  systemFingerprint?: string;
   /** The engine started the job (sequences were free). */
   onStarted?: () => void;
   /** The first token arrived. */
@@ -55,24 +58,48 @@ export async function createChatCompletion(
   ctx: ChatContext,
 ): Promise<Response> {
   const job = toJob(req, ctx.defaultThinking);
+  const check = outputCheck(req, job);
   const id = `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
   // The stream's own controller also stops generation when the consumer goes away.
   const abort = new AbortController();
   const signal = AbortSignal.any([ctx.signal, abort.signal]);
   const toError = (e: unknown) => toApiError(e, signal);
-  const iterator = withFirstToken(engine.generate(job, signal)[Symbol.asyncIterator](), ctx);
-  let first: IteratorResult<ChatEvent>;
-  try {
-    first = await iterator.next();
-  } catch (e) {
-    throw toError(e);
+  const start = async () => {
+    const iterator = withFirstToken(engine.generate(job, signal)[Symbol.asyncIterator](), ctx);
+    let first: IteratorResult<ChatEvent>;
+    try {
+      first = await iterator.next();
+    } catch (e) {
+      throw toError(e);
+    }
+    const prompt = first.done || first.value.type !== "prompt"
+      ? { promptTokens: 0, cachedTokens: 0 }
+      : first.value;
+    return { iterator, prompt };
+  };
+  if (!req.stream) {
+    // Output that fails its schema (possible only for keywords the grammar leaves to this check)
+    // is generated again, up to three times in all; it is never returned.
+    for (let attempt = 1;; attempt++) {
+      const { iterator, prompt } = await start();
+      if (attempt === 1) ctx.onStarted?.();
+      const body = await collect(req, job, id, ctx, prompt, iterator, toError);
+      const fault = check
+        ? body.choices.map((c) => check(c.index, c.message, c.finish_reason)).find(Boolean)
+        : undefined;
+      if (!fault) return jsonResponse(body);
+      if (attempt === MAX_ATTEMPTS) throw invalidOutput(fault);
+      ctx.log.warn("the output failed its schema; generating it again", {
+        request_id: ctx.requestId,
+        attempt,
+        fault,
+      });
+      job.sampling.seed = (job.sampling.seed ?? Math.floor(Math.random() * 2 ** 31)) + 7919;
+    }
   }
+  const { iterator, prompt } = await start();
   ctx.onStarted?.();
-  const prompt = first.done || first.value.type !== "prompt"
-    ? { promptTokens: 0, cachedTokens: 0 }
-    : first.value;
-  if (!req.stream) return jsonResponse(await collect(req, job, id, ctx, prompt, iterator, toError));
-  const chunks = streamChunks(req, job, id, ctx, prompt, iterator, abort);
+  const chunks = streamChunks(req, job, id, ctx, prompt, iterator, abort, check);
   const body = sseStream(chunks, {
     pingMs: 15_000,
     onError: (e) => {
@@ -89,6 +116,68 @@ export async function createChatCompletion(
     },
   });
   return new Response(body, { headers: SSE_HEADERS });
+}
+
+/** Attempts at output that passes its schema check. */
+const MAX_ATTEMPTS = 3;
+
+function invalidOutput(fault: string): ApiError {
+  return new ApiError(
+    500,
+    "server_error",
+    `The model's output did not satisfy the requested schema (${fault}); no answer is returned rather than an invalid one.`,
+    null,
+    "invalid_output",
+  );
+}
+
+/** Checks a finished choice: undefined when it is valid (or needs no check), else the reason. */
+type OutputCheck = (
+  index: number,
+  message: { content?: string | null; tool_calls?: ToolCall[] },
+  finish: FinishReason,
+) => string | undefined;
+
+/**
+ * The check of finished output against the schemas the request promises: the `json_schema`
+ * response format, and the parameters of calls that must follow their schema (forced calls and
+ * `strict` tools). Output cut by max_tokens is not checked (it cannot be complete).
+ */
+function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
+  const schema = job.output.type === "json_schema" ? job.output.schema : undefined;
+  const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
+  const toolSchemas = new Map(
+    (req.tools ?? []).filter((t) => forced || t.function.strict).map((
+      t,
+    ) => [t.function.name, t.function.parameters ?? {}]),
+  );
+  if (!schema && toolSchemas.size === 0) return undefined;
+  return (_index, message, finish) => {
+    if (finish === "length") return undefined;
+    if (schema && !(message.tool_calls?.length)) {
+      let value: unknown;
+      try {
+        value = JSON.parse(message.content ?? "");
+      } catch {
+        return "the content is not JSON";
+      }
+      const r = checkAgainstSchema(schema, value);
+      if (!r.ok) return `response_format: ${r.reason}`;
+    }
+    for (const call of message.tool_calls ?? []) {
+      const params = toolSchemas.get(call.function.name);
+      if (!params) continue;
+      let value: unknown;
+      try {
+        value = JSON.parse(call.function.arguments);
+      } catch {
+        return `the arguments of ${call.function.name} are not JSON`;
+      }
+      const r = checkAgainstSchema(params, value);
+      if (!r.ok) return `${call.function.name}: ${r.reason}`;
+    }
+    return undefined;
+  };
 }
 
 function toApiError(e: unknown, signal: AbortSignal): ApiError {
@@ -120,6 +209,7 @@ export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
     name: t.function.name,
     description: t.function.description ?? undefined,
     parameters: t.function.parameters ?? undefined,
+    strict: t.function.strict ?? undefined,
   }));
   const names = new Set<string>();
   tools.forEach((t, i) => {
@@ -152,6 +242,13 @@ export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
   }
   if (output.type !== "text" && toolChoice !== "none" && tools.length > 0 && toolChoice !== "auto") {
     throw badRequest("response_format cannot be combined with a forced tool_choice.", "response_format");
+  }
+  if (req.audio != null || (req.modalities ?? []).some((m) => m !== "text")) {
+    throw badRequest(
+      "This server generates text only: audio output (modalities ['audio'], audio) is not available.",
+      req.audio != null ? "audio" : "modalities",
+      "unsupported_value",
+    );
   }
   if (req.top_logprobs != null && !req.logprobs) {
     throw badRequest("top_logprobs needs logprobs: true.", "top_logprobs", "invalid_value");
@@ -191,7 +288,7 @@ function textOf(content: ChatMessage["content"]): string {
   return content.map((p) => p.text).join("");
 }
 
-function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
+export function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
   const callNames = new Map<string, string>();
   return messages.map((m, i): EngineMessage => {
     switch (m.role) {
@@ -294,7 +391,7 @@ async function collect(
   try {
     for (let e = await events.next(); !e.done; e = await events.next()) {
       const ev = e.value;
-      if (ev.type === "prompt" || ev.type === "first_token") continue;
+      if (ev.type === "prompt" || ev.type === "first_token" || ev.type === "prompt_logprobs") continue;
       const r = results[ev.choice];
       switch (ev.type) {
         case "content":
@@ -333,6 +430,7 @@ async function collect(
     object: "chat.completion",
     created: ctx.created,
     model: req.model,
+    ...(ctx.systemFingerprint ? { system_fingerprint: ctx.systemFingerprint } : {}),
     choices: results.map((r, index) => ({
       index,
       message: {
@@ -356,7 +454,10 @@ async function* streamChunks(
   prompt: { promptTokens: number; cachedTokens: number },
   events: Events,
   abort: AbortController,
+  check?: OutputCheck,
 ): AsyncGenerator<ChatChunk> {
+  // What each choice wrote, for the schema check at its end.
+  const written = Array.from({ length: job.n }, () => ({ content: "", calls: [] as ToolCall[] }));
   const chunk = (
     index: number,
     delta: ChatChunk["choices"][0]["delta"],
@@ -367,6 +468,7 @@ async function* streamChunks(
     object: "chat.completion.chunk",
     created: ctx.created,
     model: req.model,
+    ...(ctx.systemFingerprint ? { system_fingerprint: ctx.systemFingerprint } : {}),
     choices: [{
       index,
       delta,
@@ -383,6 +485,7 @@ async function* streamChunks(
       const ev = e.value;
       switch (ev.type) {
         case "content":
+          written[ev.choice].content += ev.text;
           yield chunk(ev.choice, { content: ev.text });
           break;
         case "reasoning":
@@ -392,6 +495,11 @@ async function* streamChunks(
           if (ev.channel === "content") yield chunk(ev.choice, {}, null, ev.entries.map(wireLogprob));
           break;
         case "tool_call_start":
+          written[ev.choice].calls[ev.index] = {
+            id: ev.id,
+            type: "function",
+            function: { name: ev.name, arguments: "" },
+          };
           yield chunk(ev.choice, {
             tool_calls: [{
               index: ev.index,
@@ -402,13 +510,22 @@ async function* streamChunks(
           });
           break;
         case "tool_call_arguments":
+          written[ev.choice].calls[ev.index].function.arguments += ev.text;
           yield chunk(ev.choice, { tool_calls: [{ index: ev.index, function: { arguments: ev.text } }] });
           break;
-        case "end":
+        case "end": {
+          // A stream cannot take back what it sent: output failing its schema ends in an error event.
+          const w = written[ev.choice];
+          const fault = check?.(ev.choice, {
+            content: w.content,
+            tool_calls: w.calls.length ? w.calls : undefined,
+          }, ev.finishReason);
+          if (fault) throw invalidOutput(fault);
           tokens += ev.completionTokens;
           reasoningTokens += ev.reasoningTokens;
           yield chunk(ev.choice, {}, ev.finishReason);
           break;
+        }
       }
     }
     const usage = usageOf(prompt, tokens, reasoningTokens);

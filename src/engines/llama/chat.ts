@@ -17,7 +17,7 @@ import type { Logger } from "../../log.ts";
 import type { LlamaLibrary } from "./ffi.ts";
 import { Batch, NativeContext, NativeModel } from "./native.ts";
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
-import { type TokenLogprob, TokenSampler } from "./sampler.ts";
+import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
 import { JsonGrammar } from "./json_gbnf.ts";
 import { textWithout } from "./gbnf.ts";
@@ -51,6 +51,8 @@ const CHUNK = 512;
 export class LlamaChatEngine implements ChatEngine {
   readonly contextSize: number;
   readonly maxChoices: number;
+  readonly vocabSize: number;
+  readonly fim?: { prefix: number; suffix: number; middle: number };
   readonly dialect: ToolDialect;
   readonly thinking: ThinkingFacts;
   readonly #model: NativeModel;
@@ -81,6 +83,8 @@ export class LlamaChatEngine implements ChatEngine {
     });
     this.contextSize = ctx.nCtxSeq;
     this.maxChoices = ctx.nSeqMax;
+    this.vocabSize = model.nVocab;
+    this.fim = model.fimTokens();
     this.dialect = opts.toolFormat ? DIALECTS[opts.toolFormat] : dialectOfTemplate(template.source);
     this.thinking = template.thinkingFacts();
     this.#openTokens = model.tokenize(this.dialect.open, true);
@@ -135,6 +139,9 @@ export class LlamaChatEngine implements ChatEngine {
       batched_tokens: s.batchedTokens,
       checkpoints_saved: s.checkpointsSaved,
       checkpoints_restored: s.checkpointsRestored,
+      decode_seconds: s.decodeMs / 1000,
+      sample_seconds: s.sampleMs / 1000,
+      step_seconds: s.stepMs / 1000,
     };
   }
 
@@ -145,6 +152,14 @@ export class LlamaChatEngine implements ChatEngine {
       job.toolChoice === "none" ? [] : job.tools,
       job.enableThinking,
     );
+  }
+
+  detokenize(tokens: readonly number[]): string {
+    return this.#model.detokenize(tokens, true);
+  }
+
+  tokenText(token: number): { token: string; bytes: number[] } {
+    return this.tokenInfo(token);
   }
 
   /** Prompt tokens of a rendered prompt. */
@@ -162,15 +177,18 @@ export class LlamaChatEngine implements ChatEngine {
         "invalid_value",
       );
     }
-    const prompt = this.renderPrompt(job);
-    const tokens = this.tokenize(prompt);
+    const raw = job.rawPrompt !== undefined;
+    const prompt = raw ? "" : this.renderPrompt(job);
+    const tokens = raw ? job.rawPrompt! : this.tokenize(prompt);
     const limit = this.contextSize;
-    if (tokens.length + (job.maxTokens ?? 1) > limit) {
+    if (tokens.length + Math.max(job.maxTokens ?? 1, 1) > limit) {
       throw new EngineInputError(
-        `This model's context window is ${limit} tokens; the messages take ${tokens.length} tokens` +
+        `This model's context window is ${limit} tokens; the ${
+          raw ? "prompt takes" : "messages take"
+        } ${tokens.length} tokens` +
           (job.maxTokens ? ` and max_tokens asks for ${job.maxTokens} more` : "") +
-          ". Shorten the messages or lower max_tokens.",
-        "messages",
+          `. Shorten the ${raw ? "prompt" : "messages"} or lower max_tokens.`,
+        raw ? "prompt" : "messages",
         "context_length_exceeded",
       );
     }
@@ -185,7 +203,8 @@ export class LlamaChatEngine implements ChatEngine {
       grammar: g,
     }));
     const queue = new EventQueue<ChatEvent>();
-    const outputs = choices.map((_, i) => new ChoiceOutput(i, this, job, inThink, queue));
+    const promptEntries: TokenLogprobInfo[] = [];
+    const outputs = choices.map((_, i) => new ChoiceOutput(i, this, job, inThink, queue, raw));
     let firstToken = false;
     const stop = new AbortController();
     const onAbort = () => stop.abort(signal.reason);
@@ -196,9 +215,22 @@ export class LlamaChatEngine implements ChatEngine {
       maxTokens: job.maxTokens ?? limit - tokens.length,
       logprobs: job.logprobs,
       checkpoints: turnStarts(tokens, this.#model.tokenize("<|im_start|>", true)),
-      reusePrefix: job.cachePrompt,
+      reusePrefix: job.promptLogprobs ? false : job.cachePrompt,
+      onPromptLogits: job.promptLogprobs
+        ? (position, logits) => {
+          const lp = logprobsOf(logits, tokens[position + 1], job.logprobs ?? 0);
+          promptEntries.push({
+            ...this.tokenInfo(lp.token),
+            logprob: lp.logprob,
+            top: lp.top.map((t) => ({ ...this.tokenInfo(t.token), logprob: t.logprob })),
+          });
+        }
+        : undefined,
       signal: stop.signal,
-      onPrompt: (info) => queue.push({ type: "prompt", ...info }),
+      onPrompt: (info) => {
+        queue.push({ type: "prompt", ...info });
+        if (job.promptLogprobs) queue.push({ type: "prompt_logprobs", entries: promptEntries });
+      },
       onToken: (choice, token, logprob) => {
         if (!firstToken) {
           firstToken = true;
@@ -252,8 +284,9 @@ export class LlamaChatEngine implements ChatEngine {
       try {
         text = this.#callsGrammar(job, job.tools, false, false);
       } catch (e) {
-        if (!(e instanceof EngineInputError)) throw e;
-        // `auto` promises no grammar: such calls are parsed from free text instead of failing.
+        // `strict` promises the schema: a strict tool whose schema cannot be enforced is refused.
+        if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
+        // Otherwise `auto` promises no grammar: such calls are parsed from free text instead of failing.
         this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
         return null;
       }
@@ -347,6 +380,7 @@ class ChoiceOutput {
     readonly job: ChatJob,
     inThink: boolean,
     readonly queue: EventQueue<ChatEvent>,
+    readonly raw = false,
   ) {
     this.#stops = new StopMatcher(job.stop);
     this.#parser = new OutputParser(engine.dialect, job.toolChoice === "none" ? [] : job.tools, inThink);
@@ -368,7 +402,7 @@ class ChoiceOutput {
     if (this.#ended) return;
     this.#ended = true;
     if (cause !== "stop") this.#parse(this.#decoder.decode() + this.#stops.flush());
-    this.#forward(this.#parser.end());
+    if (!this.raw) this.#forward(this.#parser.end());
     this.#flushLogprobs();
     const finishReason: FinishReason = cause === "length"
       ? "length"
@@ -391,7 +425,9 @@ class ChoiceOutput {
 
   #parse(text: string) {
     if (!text) return;
-    this.#forward(this.#parser.push(text));
+    // Raw completions are plain text: no reasoning or tool-call markup is interpreted.
+    if (this.raw) this.#forward([{ type: "content", text }]);
+    else this.#forward(this.#parser.push(text));
   }
 
   #forward(pieces: OutputPiece[]) {

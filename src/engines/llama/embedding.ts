@@ -131,6 +131,10 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     return Promise.resolve(this.completeTokens(this.#model.tokenize(text, false)));
   }
 
+  detokenize(ids: readonly number[]): string {
+    return this.#model.detokenize(ids, true);
+  }
+
   completeTokens(ids: readonly number[]): number[] {
     // Qwen3-Embedding reads the hidden state of an appended end-of-text token (last-token pooling).
     if (this.pooling !== "last") return [...ids];

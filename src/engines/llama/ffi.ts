@@ -210,7 +210,6 @@ function createThreadpool(llamaPath: string, threads: number): Deno.PointerValue
     });
     const params = new Uint8Array(new ArrayBuffer(THREADPOOL_PARAMS_BYTES));
     base.ggml_threadpool_params_init(params, threads);
-    new DataView(params.buffer).setUint32(520, Number(Deno.env.get("POLL") ?? 50), true);
     return create.call(params);
   } catch {
     return null;
@@ -245,7 +244,7 @@ function loadedLibraryPath(): string {
     throw new Error("cannot find node-llama-cpp's libllama: /proc/self/maps is not readable (Linux only)");
   }
   const path = maps.split("\n").map((line) => line.trim().split(/\s+/).slice(5).join(" "))
-    .find((p) => /\/libllama(\.v[\d.]+)?\.so$/.test(p));
+    .find((p) => /\/libllama(\.v[\d.]+(\.\w+)?)?\.so$/.test(p));
   if (!path) throw new Error("node-llama-cpp's libllama is not loaded; call getLlama() first");
   return path;
 }

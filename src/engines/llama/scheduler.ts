@@ -31,6 +31,11 @@ export interface GenerationJob {
   checkpoints?: readonly number[];
   /** False: start from an empty sequence instead of reusing a cached prefix. */
   reusePrefix?: boolean;
+  /**
+   * Called with the logits after each prompt token but the last (position i predicts token i+1),
+   * for prompt log-probabilities; the prompt is then processed in small chunks, every token output.
+   */
+  onPromptLogits?: (position: number, logits: Float32Array) => void;
   signal: AbortSignal;
   /** The prompt is processed; `cachedTokens` of it came from an earlier request's state. */
   onPrompt(info: { promptTokens: number; cachedTokens: number }): void;
@@ -53,6 +58,12 @@ export interface SchedulerStats {
   checkpointsRestored: number;
   /** Sequences currently generating or prefilling. */
   busySequences: number;
+  /** Milliseconds inside llama_decode (including waiting for the compute lock). */
+  decodeMs: number;
+  /** Milliseconds sampling and handling generated tokens (JS, per token). */
+  sampleMs: number;
+  /** Milliseconds in steps altogether (decode + sampling + batch building). */
+  stepMs: number;
 }
 
 interface Checkpoint {
@@ -136,6 +147,9 @@ export class Scheduler {
     checkpointsSaved: 0,
     checkpointsRestored: 0,
     busySequences: 0,
+    decodeMs: 0,
+    sampleMs: 0,
+    stepMs: 0,
   };
 
   constructor(model: NativeModel, ctx: NativeContext, batch: Batch, opts: SchedulerOptions) {
@@ -272,7 +286,8 @@ export class Scheduler {
       const hints = [...(r.job.checkpoints ?? [])].filter((p) =>
         p >= this.#opts.chunk && p < r.job.prompt.length
       );
-      const chunk = this.#opts.chunk;
+      // Prompt log-probabilities need every token's logits: small chunks bound that output buffer.
+      const chunk = r.job.onPromptLogits ? 64 : this.#opts.chunk;
       // (Turn starts matter only where checkpoints are taken: recurrent models.)
       const cuts = new Set(this.#model.recurrent ? hints : []);
       for (let p = chunk; p < r.job.prompt.length; p += chunk) cuts.add(p);
@@ -349,6 +364,15 @@ export class Scheduler {
 
   /** One batch: decode tokens of generating choices, then prompt chunks while there is room. */
   async #step() {
+    const started = performance.now();
+    try {
+      await this.#stepInner();
+    } finally {
+      this.stats.stepMs += performance.now() - started;
+    }
+  }
+
+  async #stepInner() {
     const batch = this.#batch;
     batch.clear();
     const decodes: { choice: ChoiceState; running: Running; out: number }[] = [];
@@ -363,7 +387,7 @@ export class Scheduler {
         });
       }
     }
-    const prefills: { running: Running; from: number; to: number; out: number }[] = [];
+    const prefills: { running: Running; from: number; to: number; out: number; first: number }[] = [];
     // Greedy output must not depend on load: a sequence has to compute exactly as it would alone.
     // llama.cpp splits a batch of several sequences into micro-batches of equal length per sequence
     // (recurrent layers, and per-sequence KV streams, need that), so a prompt chunk sharing a batch
@@ -378,16 +402,19 @@ export class Scheduler {
         const from = r.fed;
         const to = r.boundaries.find((p) => p > from) ?? r.job.prompt.length;
         let out = -1;
+        const first = batch.size;
+        const every = r.job.onPromptLogits !== undefined;
         for (let i = from; i < to; i++) {
-          out = batch.add(r.job.prompt[i], i, r.slots[0].seq, i === r.job.prompt.length - 1);
+          out = batch.add(r.job.prompt[i], i, r.slots[0].seq, every || i === r.job.prompt.length - 1);
         }
-        prefills.push({ running: r, from, to, out });
+        prefills.push({ running: r, from, to, out, first });
       }
     }
     if (prefills.length > 0) decodes.length = 0;
     this.#prefillTurn = !this.#prefillTurn;
     this.stats.decodes++;
     this.stats.batchedTokens += batch.size;
+    const decodeStart = performance.now();
     try {
       await this.#ctx.decode(batch);
     } catch (e) {
@@ -397,7 +424,10 @@ export class Scheduler {
         this.#finish(r, e);
       }
       return;
+    } finally {
+      this.stats.decodeMs += performance.now() - decodeStart;
     }
+    const sampleStart = performance.now();
     for (const d of decodes) {
       d.choice.slot.cached.push(d.choice.pending);
       if (!d.running.failed) this.#sample(d.running, d.choice, d.out);
@@ -406,11 +436,21 @@ export class Scheduler {
       const r = p.running;
       const slot = r.slots[0];
       for (let i = p.from; i < p.to; i++) slot.cached.push(r.job.prompt[i]);
+      if (r.job.onPromptLogits && !r.failed) {
+        try {
+          for (let i = p.from; i < Math.min(p.to, r.job.prompt.length - 1); i++) {
+            r.job.onPromptLogits(i, this.#ctx.logits(p.first + (i - p.from)));
+          }
+        } catch (e) {
+          this.#finish(r, e);
+        }
+      }
       r.fed = p.to;
       this.stats.promptTokensEvaluated += p.to - p.from;
       if (r.checkpointAt.has(p.to)) await this.#checkpoint(slot, p.to);
       if (r.fed === r.job.prompt.length && !r.failed) this.#startChoices(r, p.out);
     }
+    this.stats.sampleMs += performance.now() - sampleStart;
     for (const r of [...this.#running]) {
       if (r.choices.length > 0 && r.choices.every((c) => c.done)) this.#finish(r);
     }
@@ -449,7 +489,9 @@ export class Scheduler {
       this.#finish(r, e);
       return;
     }
-    for (const c of r.choices) this.#sample(r, c, out);
+    // max_tokens 0 (legacy completions with echo): the prompt alone was wanted.
+    if (r.job.maxTokens <= 0) { for (const c of r.choices) this.#end(r, c, "length"); }
+    else for (const c of r.choices) this.#sample(r, c, out);
   }
 
   #sample(r: Running, c: ChoiceState, out: number) {

@@ -118,6 +118,10 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     return Promise.resolve(this.completeTokens(this.#tokenizer.encode(text).ids));
   }
 
+  detokenize(ids: readonly number[]): string {
+    return this.#tokenizer.decode([...ids], { skip_special_tokens: false });
+  }
+
   completeTokens(ids: readonly number[]): number[] {
     // Last-token pooling (Qwen3-Embedding style) reads an appended end-of-text token.
     if (this.#opts.pooling === "last" && ids.at(-1) !== this.#eos) return [...ids, this.#eos];

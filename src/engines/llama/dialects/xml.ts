@@ -53,25 +53,13 @@ export const xmlDialect: ToolDialect = {
 
 /** A parameter value: raw text for strings, JSON otherwise. */
 function valueRule(grammar: JsonGrammar, schema: unknown, param: string, hint: string): string {
-  const rules = grammar.rules;
   if (!isStringSchema(schema)) return grammar.schema(schema ?? true, param, hint);
-  const s = schema as Record<string, unknown>;
-  const strings = (s.enum ?? (s.const !== undefined ? [s.const] : undefined)) as string[] | undefined;
-  if (strings) return rules.add(`${hint}-raw`, strings.map((v) => gbnfLiteral(v)).join(" | "));
-  if (s.format !== undefined) {
-    // Validates the format (a 400 for unknown ones) and defines the date and time rules.
-    grammar.schema({ type: "string", format: s.format }, param, hint);
-    return rules.add(`${hint}-rawfmt`, unquotedFormat(String(s.format)));
-  }
-  const min = typeof s.minLength === "number" ? s.minLength : 0;
-  const max = typeof s.maxLength === "number" ? s.maxLength : undefined;
-  if (min === 0 && max === undefined) return textWithout(rules, `${hint}-raw`, VALUE_END);
-  // Bounded raw text: characters other than '<' keep it clear of the closing tag.
-  return rules.add(`${hint}-raw`, `[^<]{${min},${max ?? ""}}`);
-}
-
-function unquotedFormat(format: string): string {
-  return format === "date" ? "date" : format === "time" ? "time" : 'date "T" time';
+  return grammar.rawString(
+    schema as Record<string, unknown>,
+    param,
+    hint,
+    () => textWithout(grammar.rules, `${hint}-raw`, VALUE_END),
+  );
 }
 
 const FUNCTION_OPEN = /^\s*<function=([^>\n]{1,128})>\n?/;

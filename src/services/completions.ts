@@ -1,0 +1,332 @@
+/**
+ * The OpenAI semantics of `POST /v1/completions` (legacy text completions: lm-eval-harness, code
+ * completion plugins, LangChain's non-chat class): raw prompts, `echo`, legacy `logprobs`, `suffix`
+ * (fill-in-the-middle), several prompts and `n` choices each, streamed as `text_completion` chunks.
+ */
+import { abortedError, ApiError, badRequest, jsonResponse } from "../http/errors.ts";
+import { SSE_HEADERS, sseStream } from "../http/sse.ts";
+import type { Completion, CompletionLogprobs, CompletionRequest } from "../protocol/completions.ts";
+import type { CompletionUsage } from "../protocol/common.ts";
+import type { ChatEngine, ChatEvent, ChatJob, TokenLogprobInfo } from "../engines/types.ts";
+import { EngineInputError } from "../engines/types.ts";
+import type { Logger } from "../log.ts";
+
+/** Per-request context from the server. */
+export interface CompletionContext {
+  created: number;
+  signal: AbortSignal;
+  log: Logger;
+  requestId: string;
+  systemFingerprint?: string;
+  onUsage?: (usage: CompletionUsage) => void;
+}
+
+/** Legacy logprobs accumulated for one choice. */
+class LegacyLogprobs {
+  readonly out: CompletionLogprobs = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  #offset: number;
+  constructor(offset: number) {
+    this.#offset = offset;
+  }
+  /** Appends entries; `first` marks the prompt's first token, which has no logprob. */
+  add(entries: TokenLogprobInfo[], first?: { token: string }): CompletionLogprobs {
+    const part: CompletionLogprobs = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+    const push = (token: string, logprob: number | null, top: Record<string, number> | null) => {
+      for (const target of [this.out, part]) {
+        target.tokens.push(token);
+        target.token_logprobs.push(logprob);
+        target.top_logprobs.push(top);
+        target.text_offset.push(this.#offset);
+      }
+      this.#offset += token.length;
+    };
+    if (first) push(first.token, null, null);
+    for (const e of entries) {
+      push(e.token, e.logprob, Object.fromEntries(e.top.map((t) => [t.token, t.logprob])));
+    }
+    return part;
+  }
+}
+
+/**
+ * Answers one completions request: JSON, or an SSE stream of `text_completion` chunks.
+ *
+ * @example
+ * ```ts
+ * const res = await createCompletion(body, engine, ctx);
+ * ```
+ */
+export async function createCompletion(
+  req: CompletionRequest,
+  engine: ChatEngine,
+  ctx: CompletionContext,
+): Promise<Response> {
+  const prompts = toPrompts(req, engine);
+  const n = req.n ?? 1;
+  if (req.best_of != null && req.best_of !== n) {
+    throw badRequest(
+      "best_of other than n is not supported; send best_of equal to n or leave it out.",
+      "best_of",
+    );
+  }
+  const id = `cmpl-${crypto.randomUUID().replaceAll("-", "")}`;
+  const abort = new AbortController();
+  const signal = AbortSignal.any([ctx.signal, abort.signal]);
+  const toError = (e: unknown) => {
+    if (e instanceof ApiError) return e;
+    if (e instanceof EngineInputError) return badRequest(e.message, e.param, e.code);
+    if (signal.aborted) return abortedError(signal.reason);
+    return new ApiError(500, "server_error", "The model failed while generating.", null, "generation_failed");
+  };
+  const logprobs = req.logprobs ?? undefined;
+  const echo = req.echo ?? false;
+  const jobs = prompts.map((tokens): ChatJob => ({
+    messages: [],
+    tools: [],
+    toolChoice: "none",
+    parallelToolCalls: false,
+    output: { type: "text" },
+    sampling: {
+      temperature: req.temperature ?? undefined,
+      topP: req.top_p ?? undefined,
+      topK: req.top_k ?? undefined,
+      minP: req.min_p ?? undefined,
+      seed: req.seed ?? undefined,
+      presencePenalty: req.presence_penalty ?? undefined,
+      frequencyPenalty: req.frequency_penalty ?? undefined,
+      repeatPenalty: req.repeat_penalty ?? undefined,
+      logitBias: req.logit_bias
+        ? Object.fromEntries(Object.entries(req.logit_bias).map(([k, v]) => [Number(k), v]))
+        : undefined,
+    },
+    maxTokens: req.max_tokens ?? 16,
+    stop: (req.stop == null ? [] : typeof req.stop === "string" ? [req.stop] : req.stop).filter((s) =>
+      s !== ""
+    ),
+    n,
+    logprobs,
+    cachePrompt: req.cache_prompt ?? undefined,
+    rawPrompt: tokens,
+    promptLogprobs: echo && logprobs !== undefined,
+  }));
+  // Start every prompt's generation; errors before the first event are plain HTTP errors.
+  const iterators = jobs.map((job) => engine.generate(job, signal)[Symbol.asyncIterator]());
+  const firsts: IteratorResult<ChatEvent>[] = [];
+  try {
+    for (const it of iterators) firsts.push(await it.next());
+  } catch (e) {
+    abort.abort(new DOMException("failed", "AbortError"));
+    throw toError(e);
+  }
+  const promptTokens = firsts.reduce(
+    (s, f) => s + (!f.done && f.value.type === "prompt" ? f.value.promptTokens : 0),
+    0,
+  );
+  const cachedTokens = firsts.reduce(
+    (s, f) => s + (!f.done && f.value.type === "prompt" ? f.value.cachedTokens : 0),
+    0,
+  );
+  const base = {
+    id,
+    object: "text_completion" as const,
+    created: ctx.created,
+    model: req.model,
+    ...(ctx.systemFingerprint ? { system_fingerprint: ctx.systemFingerprint } : {}),
+  };
+  const echoText = prompts.map((t) => (echo ? engine.detokenize(t) : ""));
+
+  /** Events of prompt p with choice indexes made global (p × n + choice). */
+  async function* events(p: number): AsyncGenerator<{ index: number; event: ChatEvent }> {
+    for (let r = await iterators[p].next(); !r.done; r = await iterators[p].next()) {
+      const ev = r.value;
+      yield { index: "choice" in ev ? p * n + ev.choice : p * n, event: ev };
+    }
+  }
+  const usageOf = (completion: number) => ({
+    prompt_tokens: promptTokens,
+    completion_tokens: completion,
+    total_tokens: promptTokens + completion,
+    prompt_tokens_details: { cached_tokens: cachedTokens },
+  });
+
+  if (!req.stream) {
+    const choices = prompts.flatMap((_, p) =>
+      Array.from({ length: n }, (_, j) => ({
+        text: echoText[p],
+        index: p * n + j,
+        lp: logprobs !== undefined ? new LegacyLogprobs(echoText[p].length) : undefined,
+        finish: "stop" as "stop" | "length",
+        tokens: 0,
+      }))
+    );
+    try {
+      await Promise.all(prompts.map(async (tokens, p) => {
+        let promptEntries: TokenLogprobInfo[] | undefined;
+        for await (const { index, event } of events(p)) {
+          const c = choices[index];
+          if (event.type === "prompt_logprobs") promptEntries = event.entries;
+          else if (event.type === "content") c.text += event.text;
+          else if (event.type === "logprobs") c.lp?.add(event.entries);
+          else if (event.type === "end") {
+            c.finish = event.finishReason === "length" ? "length" : "stop";
+            c.tokens = event.completionTokens;
+          }
+        }
+        if (promptEntries) {
+          // The prompt's log-probabilities lead every choice of this prompt.
+          for (let j = 0; j < n; j++) {
+            const c = choices[p * n + j];
+            const lp = new LegacyLogprobs(0);
+            lp.add(promptEntries, engine.tokenText(tokens[0]));
+            const own = c.lp!.out;
+            c.lp = lp;
+            lp.out.tokens.push(...own.tokens);
+            lp.out.token_logprobs.push(...own.token_logprobs);
+            lp.out.top_logprobs.push(...own.top_logprobs);
+            lp.out.text_offset.push(...own.text_offset);
+          }
+        }
+      }));
+    } catch (e) {
+      throw toError(e);
+    }
+    const usage = usageOf(choices.reduce((s, c) => s + c.tokens, 0));
+    ctx.onUsage?.(usage);
+    const body: Completion = {
+      ...base,
+      choices: choices.map((c) => ({
+        text: c.text,
+        index: c.index,
+        logprobs: c.lp ? c.lp.out : null,
+        finish_reason: c.finish,
+      })),
+      usage,
+    };
+    return jsonResponse(body);
+  }
+
+  async function* chunks(): AsyncGenerator<Completion> {
+    let completed = false;
+    let tokens = 0;
+    try {
+      const lps = prompts.flatMap((_, p) =>
+        Array.from({ length: n }, () => new LegacyLogprobs(echoText[p].length))
+      );
+      // Echoed prompts first (their log-probabilities arrive with the prompt event).
+      const merged = mergeStreams(prompts.map((_, p) => events(p)));
+      const echoed = new Set<number>();
+      const echoChunk = (index: number, entries?: TokenLogprobInfo[]) => {
+        const p = Math.floor(index / n);
+        echoed.add(index);
+        let lp: CompletionLogprobs | null = null;
+        if (logprobs !== undefined && entries) {
+          const own = new LegacyLogprobs(0);
+          lp = own.add(entries, engine.tokenText(prompts[p][0]));
+        }
+        return { ...base, choices: [{ text: echoText[p], index, logprobs: lp, finish_reason: null }] };
+      };
+      for await (const { index, event } of merged) {
+        if (event.type === "prompt_logprobs") {
+          const p = Math.floor(index / n);
+          for (let j = 0; j < n; j++) yield echoChunk(p * n + j, event.entries);
+          continue;
+        }
+        if (echo && !echoed.has(index) && "choice" in event) yield echoChunk(index);
+        if (event.type === "content") {
+          yield { ...base, choices: [{ text: event.text, index, logprobs: null, finish_reason: null }] };
+        } else if (event.type === "logprobs" && logprobs !== undefined) {
+          const part = lps[index].add(event.entries);
+          yield { ...base, choices: [{ text: "", index, logprobs: part, finish_reason: null }] };
+        } else if (event.type === "end") {
+          tokens += event.completionTokens;
+          yield {
+            ...base,
+            choices: [{
+              text: "",
+              index,
+              logprobs: null,
+              finish_reason: event.finishReason === "length" ? "length" : "stop",
+            }],
+          };
+        }
+      }
+      const usage = usageOf(tokens);
+      ctx.onUsage?.(usage);
+      if (req.stream_options?.include_usage) yield { ...base, choices: [], usage };
+      completed = true;
+    } finally {
+      if (!completed) {
+        abort.abort(new DOMException("stream cancelled", "AbortError"));
+        await Promise.all(iterators.map((it) => it.return?.()));
+        ctx.log.info("stream cancelled", { request_id: ctx.requestId });
+      }
+    }
+  }
+  const body = sseStream(chunks(), {
+    pingMs: 15_000,
+    onError: (e) => {
+      const error = toError(e);
+      ctx.log.warn("stream ended with an error", {
+        request_id: ctx.requestId,
+        status: error.status,
+        code: error.code,
+      });
+      return error.toBody();
+    },
+  });
+  return new Response(body, { headers: SSE_HEADERS });
+}
+
+/** The prompts as token lists (with fill-in-the-middle markup when `suffix` is given). */
+function toPrompts(req: CompletionRequest, engine: ChatEngine): number[][] {
+  const p = req.prompt;
+  let prompts: (string | number[])[];
+  if (typeof p === "string") prompts = [p];
+  else if (typeof p[0] === "number") prompts = [p as number[]];
+  else prompts = p as (string | number[])[];
+  if (prompts.length > 64) {
+    throw badRequest("prompt holds more than 64 prompts.", "prompt", "too_many_inputs");
+  }
+  const out = prompts.map((x, i) => {
+    const param = prompts.length === 1 ? "prompt" : `prompt[${i}]`;
+    if (typeof x === "string") {
+      if (x === "" && req.suffix == null) throw badRequest(`${param} is empty.`, param, "invalid_value");
+      return engine.tokenize(x, true);
+    }
+    const bad = x.findIndex((t) => t >= engine.vocabSize);
+    if (bad >= 0) {
+      throw badRequest(
+        `${param} holds token id ${x[bad]}; this model's vocabulary has ids 0..${engine.vocabSize - 1}.`,
+        param,
+        "invalid_value",
+      );
+    }
+    return x;
+  });
+  if (req.suffix != null) {
+    if (!engine.fim) {
+      throw badRequest(
+        "suffix needs a model with fill-in-the-middle tokens; this model has none.",
+        "suffix",
+        "unsupported_value",
+      );
+    }
+    const { prefix, suffix, middle } = engine.fim;
+    const tail = engine.tokenize(req.suffix, false);
+    return out.map((t) => [prefix, ...t, suffix, ...tail, middle]);
+  }
+  return out;
+}
+
+/** Interleaves several async streams, yielding items as they come. */
+async function* mergeStreams<T>(streams: AsyncGenerator<T>[]): AsyncGenerator<T> {
+  const pending = new Map(streams.map((s, i) => [i, s.next().then((r) => ({ i, r }))]));
+  while (pending.size > 0) {
+    const { i, r } = await Promise.race(pending.values());
+    if (r.done) pending.delete(i);
+    else {
+      pending.set(i, streams[i].next().then((r) => ({ i, r })));
+      yield r.value;
+    }
+  }
+}

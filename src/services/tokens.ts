@@ -1,0 +1,92 @@
+/**
+ * `POST /tokenize` and `/detokenize`, in the shapes llama-server and vLLM use: text (`content` or
+ * `prompt`) or chat `messages` (through the model's chat template) → token ids, and back.
+ */
+import { badRequest } from "../http/errors.ts";
+import type { DetokenizeRequest, TokenizeRequest } from "../protocol/completions.ts";
+import type { ChatEngine, EmbeddingEngine } from "../engines/types.ts";
+import { toEngineMessages } from "./chat.ts";
+
+/** The answer of /tokenize: llama-server's `tokens` and vLLM's `count` and `max_model_len`. */
+export interface TokenizeResponse {
+  tokens: number[] | { id: number; piece: string }[];
+  count: number;
+  max_model_len?: number;
+  prompt?: string;
+}
+
+function isChat(engine: ChatEngine | EmbeddingEngine): engine is ChatEngine {
+  return "renderPrompt" in engine;
+}
+
+/**
+ * Tokenizes text, or renders messages with the chat template and tokenizes the prompt.
+ *
+ * @example
+ * ```ts
+ * await tokenize({ model: "m", content: "Hello" }, engine); // { tokens: [9707], count: 1, … }
+ * ```
+ */
+export async function tokenize(
+  req: TokenizeRequest,
+  engine: ChatEngine | EmbeddingEngine,
+  defaultThinking?: boolean,
+): Promise<TokenizeResponse> {
+  const given = [req.content, req.prompt, req.messages].filter((x) => x != null).length;
+  if (given !== 1) {
+    throw badRequest("Send exactly one of content, prompt or messages.", "content", "invalid_value");
+  }
+  const special = req.add_special_tokens ?? req.add_special ?? true;
+  let ids: number[];
+  let prompt: string | undefined;
+  if (req.messages) {
+    if (!isChat(engine)) {
+      throw badRequest("messages need a chat model (its chat template).", "messages", "wrong_model_kind");
+    }
+    prompt = engine.renderPrompt({
+      messages: toEngineMessages(req.messages),
+      tools: [],
+      toolChoice: "none",
+      enableThinking: req.chat_template_kwargs?.enable_thinking ?? defaultThinking,
+    });
+    ids = engine.tokenize(prompt, true);
+  } else {
+    const text = (req.content ?? req.prompt)!;
+    ids = isChat(engine) ? engine.tokenize(text, special) : await engine.tokenize(text);
+  }
+  const tokens = req.with_pieces && isChat(engine)
+    ? ids.map((id) => ({ id, piece: engine.tokenText(id).token }))
+    : ids;
+  return {
+    tokens,
+    count: ids.length,
+    ...(isChat(engine) ? { max_model_len: engine.contextSize } : {}),
+    ...(prompt !== undefined ? { prompt } : {}),
+  };
+}
+
+/**
+ * Token ids → text (`content` as llama-server, `prompt` as vLLM).
+ *
+ * @example
+ * ```ts
+ * detokenize({ model: "m", tokens: [9707] }, engine); // { content: "Hello", prompt: "Hello" }
+ * ```
+ */
+export function detokenize(
+  req: DetokenizeRequest,
+  engine: ChatEngine | EmbeddingEngine,
+): { content: string; prompt: string } {
+  const vocab = engine.vocabSize;
+  const bad = req.tokens.findIndex((t) => t >= vocab);
+  if (bad >= 0) {
+    throw badRequest(
+      `tokens[${bad}] is ${req.tokens[bad]}; this model's vocabulary has ids 0..${vocab - 1}.`,
+      `tokens[${bad}]`,
+      "invalid_value",
+    );
+  }
+  const text = isChat(engine) ? engine.detokenize(req.tokens) : engine.detokenize?.(req.tokens);
+  if (text === undefined) throw badRequest("This model cannot turn tokens back into text.", "model");
+  return { content: text, prompt: text };
+}
