@@ -6,11 +6,14 @@ import { ConfigError, helpText, isLoopback, loadApiKeys, loadConfig } from "./sr
 import { createLogger } from "./src/log.ts";
 import { KeyRing, RateLimiter } from "./src/http/auth.ts";
 import { readTlsFiles, type TlsFiles } from "./src/http/tls.ts";
+import { ConnectionWatch } from "./src/http/connections.ts";
 import { Registry } from "./src/registry.ts";
 import { createServer, type Lifecycle } from "./src/server.ts";
 import { CounterReader, Gauge, Metrics } from "./src/metrics.ts";
 import { resolveModelSpecs } from "./src/model_specs.ts";
 import { loadEngine } from "./src/engines/load.ts";
+import { upstreamMetricFamilies } from "./src/upstream/metrics.ts";
+import { poolOf } from "./src/upstream/load.ts";
 
 async function main(): Promise<number> {
   let loaded;
@@ -91,8 +94,12 @@ async function main(): Promise<number> {
     maxEmbeddingInputs: config.maxEmbeddingInputs,
     maxQueue: config.maxQueue,
     requestTimeoutMs: config.requestTimeoutMs,
+    bodyTimeoutMs: config.bodyTimeoutMs,
+    maxQueuedEmbeddingTokens: config.maxQueuedEmbeddingTokens,
     corsOrigins: config.corsOrigins,
+    connections: () => connections,
   });
+  let connections: ConnectionWatch | null = null;
 
   const listen = (port: number, files: TlsFiles | undefined, quiet = false) =>
     Deno.serve({
@@ -116,6 +123,12 @@ async function main(): Promise<number> {
     return fail(`cannot listen on ${config.host}:${config.port}: ${(e as Error).message}`);
   }
   const port = server.addr.port;
+  connections = ConnectionWatch.open(port, config.idleTimeoutMs);
+  if (!connections) {
+    log.warn(
+      "cannot watch connections (needs Linux /proc and libc): disconnects of clients with large bodies go unnoticed and there is no idle timeout",
+    );
+  }
 
   const loading = registry.loadAll((spec, report) => loadEngine(spec, config, log, report), log);
 
@@ -222,6 +235,7 @@ function createMetrics(registry: Registry): Metrics {
       "Requests waiting for a free sequence or context.",
       () => registry.slots.map((s) => [{ model: s.spec.id }, Math.max(0, s.inFlight - s.parallel)]),
     ),
+    ...upstreamMetricFamilies(() => registry.slots.flatMap((s) => poolOf(s.engine) ?? [])),
   ]);
 }
 

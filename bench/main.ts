@@ -28,6 +28,7 @@ import {
   startLlamaServer,
 } from "./llama_server.ts";
 import denoJson from "../deno.json" with { type: "json" };
+import { affinityGain, type GatewayBench, gatewayOverhead } from "./gateway.ts";
 
 let opt: BenchOptions;
 try {
@@ -279,6 +280,8 @@ try {
   if (opt.scenarios.has("concurrency")) await chatConcurrency();
   if (opt.scenarios.has("embeddings")) await embeddings();
   if (opt.scenarios.has("overhead")) await overhead();
+  if (opt.scenarios.has("features")) await features();
+  if (opt.scenarios.has("gateway")) await gateway();
   await memory();
 
   const facts = {
@@ -442,6 +445,68 @@ async function chatConcurrency() {
   }
 }
 
+/**
+ * The cost of OpenAI features: `n: 4` in one request against four separate concurrent requests
+ * (one prompt evaluation instead of four), and decoding with `top_logprobs: 5` against without.
+ */
+async function features() {
+  for (const m of chatModels) {
+    const label = `chat features (${m.preset})`;
+    const tokens = 32;
+    const body = (tag: string, extra: Record<string, unknown> = {}) => ({
+      ...chatBody(promptText(tag, promptWords), tokens),
+      ...extra,
+    });
+    const perTok = (run: (side: Side, rep: number) => Promise<StreamTiming[]>, vserveOnly = false) =>
+      perRep((s) => servesChat(s, m.id) && (!vserveOnly || s.key === "http"), async (side, rep) => {
+        const t0 = performance.now();
+        const timings = await run(side, rep);
+        const generated = timings.reduce((n, t) => n + t.completionTokens, 0);
+        return generated / ((performance.now() - t0) / 1000);
+      }, label);
+    const separate = await perTok((side, rep) =>
+      Promise.all(Array.from({ length: 4 }, (_, i) => side.chat!(m.id, body(`f4${side.key}${rep}x${i}`))!))
+    );
+    record(
+      label,
+      `4 separate concurrent requests, ${promptWords}-word prompts, ${tokens} tokens each`,
+      "tok/s",
+      "higher",
+      samples(separate, (x) => x),
+    );
+    const together = await perTok(async (
+      side,
+      rep,
+    ) => [await side.chat!(m.id, body(`fn${side.key}${rep}`, { n: 4 }))!], true);
+    // Only vserve serves n > 1 (llama-server answers one choice): compared with its own 4 separate requests.
+    record(
+      label,
+      `n: 4 in one request (vs vserve's 4 separate: ${ratioText(together, separate)})`,
+      "tok/s",
+      "higher",
+      samples(together, (x) => x),
+    );
+    const plain = await perTok(async (side, rep) => [await side.chat!(m.id, body(`fp${side.key}${rep}`))!]);
+    record(label, `one stream, ${tokens} tokens`, "tok/s", "higher", samples(plain, (x) => x));
+    const withLogprobs = await perTok(async (side, rep) => [
+      await side.chat!(m.id, body(`fl${side.key}${rep}`, { logprobs: true, top_logprobs: 5 }))!,
+    ]);
+    record(
+      label,
+      `one stream with top_logprobs: 5 (vs without: ${ratioText(withLogprobs, plain)})`,
+      "tok/s",
+      "higher",
+      samples(withLogprobs, (x) => x),
+    );
+  }
+}
+
+/** vserve's median of `a` over its median of `b`. */
+function ratioText(a: Map<Side["key"], number[]>, b: Map<Side["key"], number[]>): string {
+  const med = (v?: number[]) => v && v.length ? [...v].sort((x, y) => x - y)[Math.floor(v.length / 2)] : NaN;
+  return `${(med(a.get("http")) / med(b.get("http"))).toFixed(2)}×`;
+}
+
 async function embeddings() {
   // Every run gets inputs of its own (tag = case, side, repetition): servers that cache prompts
   // (llama-server reuses a slot's KV cache) must compute them like everyone else.
@@ -562,6 +627,27 @@ async function overhead() {
     );
   }
   log("overhead done");
+}
+
+/** vserve in front of vserve: see bench/gateway.ts. */
+async function gateway() {
+  const b: GatewayBench = {
+    direct: server!,
+    key: KEY,
+    chat: { id: chatModels[0].id, path: chatModels[0].path },
+    embedId: EMBED,
+    threads,
+    reps,
+    quick,
+    decodeTokens,
+    promptWords,
+    record: (metric, unit, better, values) => record("gateway", metric, unit, better, { http: values }),
+    log,
+    adopt: (s) => void cleanups.push(() => s.stop()),
+  };
+  await gatewayOverhead(b);
+  await affinityGain(b);
+  log("gateway done");
 }
 
 async function memory() {

@@ -35,6 +35,8 @@ const args = [
   "compile",
   "--allow-all",
   "--self-extracting",
+  "--unstable-net",
+  "--unstable-no-legacy-abort",
   "--target",
   values.target!,
   "--output",

@@ -31,6 +31,9 @@ export const ConfigSchema = z.object({
   requestTimeoutMs: z.number().int().min(1).default(600_000),
   drainTimeoutMs: z.number().int().min(0).default(30_000),
   bodyLimitBytes: z.number().int().min(1024).default(8 * 1024 * 1024),
+  bodyTimeoutMs: z.number().int().min(0).default(30_000),
+  idleTimeoutMs: z.number().int().min(0).default(60_000),
+  maxQueuedEmbeddingTokens: z.number().int().min(1).default(262_144),
   maxEmbeddingInputs: z.number().int().min(1).default(2048),
   corsOrigins: z.array(z.string()).default([]),
   tlsCert: z.string().optional(),
@@ -114,6 +117,25 @@ export const SETTINGS: readonly Setting[] = [
     help: "how long shutdown waits for in-flight work",
   },
   { key: "bodyLimitBytes", flag: "body-limit-bytes", kind: "int", help: "largest accepted request body" },
+  {
+    key: "bodyTimeoutMs",
+    flag: "body-timeout-ms",
+    kind: "int",
+    help: "time to receive a request body before 408 (0 = none)",
+  },
+  {
+    key: "idleTimeoutMs",
+    flag: "idle-timeout-ms",
+    kind: "int",
+    help:
+      "a connection with no request in a handler (headers unsent, or idle keep-alive) is closed after this (0 = never; Linux)",
+  },
+  {
+    key: "maxQueuedEmbeddingTokens",
+    flag: "max-queued-embedding-tokens",
+    kind: "int",
+    help: "per embedding model: tokens admitted at once; a request beyond it waits its turn or gets 429",
+  },
   {
     key: "maxEmbeddingInputs",
     flag: "max-embedding-inputs",

@@ -8,7 +8,8 @@ function key(labels: Labels): string {
   ).join(",");
 }
 
-interface Family {
+/** A metric family: its name, help, type and series lines (without the HELP and TYPE lines). */
+export interface Family {
   name: string;
   help: string;
   type: "counter" | "gauge" | "histogram";
@@ -113,7 +114,7 @@ export class Metrics {
   );
   readonly #families: Family[];
 
-  constructor(collectors: (Gauge | CounterReader)[] = []) {
+  constructor(collectors: Family[] = []) {
     this.#families = [
       this.requests,
       this.duration,

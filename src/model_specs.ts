@@ -7,6 +7,9 @@ import defaultRegistry from "../models/models.json" with { type: "json" };
 /** The spec's model ids: what clients name, whatever file serves them. */
 export const SPEC_CHAT_ID = "Vendor/Vendor3.6-35B-A3B";
 export const SPEC_EMBEDDING_ID = "Vendor/Vendor3-Embedding-8B";
+/** Qwen3-Embedding's default query task (its model card's retrieval instruction). */
+export const QWEN3_QUERY_INSTRUCTION =
+  "Given a web search query, retrieve relevant passages that answer the query";
 
 /**
  * The model specs for `config`. Explicit sources (config `models`, `--models`, `--chat-model`,
@@ -65,13 +68,15 @@ function fromPathFlags(config: Config): unknown[] {
       backend: onnx ? "onnx" : "llama",
       source: config.embeddingModel,
       pooling: onnx ? "mean" : "last",
+      // A last-token GGUF embedder is taken for the spec's Qwen3-Embedding class: its query task.
+      ...(onnx ? {} : { queryInstruction: QWEN3_QUERY_INSTRUCTION }),
     });
   }
   return out;
 }
 
 async function checkLocalFile(spec: ModelSpec): Promise<void> {
-  if (/^(builtin|hf):/.test(spec.source)) return;
+  if (!spec.source || /^(builtin|hf):/.test(spec.source)) return;
   await checkModelFile(spec.source).catch((e: Error) => {
     throw new Error(`model '${spec.id}': ${e.message}`);
   });

@@ -6,15 +6,20 @@ import { z } from "zod";
 import { ApiError, badRequest, formatPath, modelNotFound } from "./http/errors.ts";
 import type { ChatEngine, EmbeddingEngine } from "./engines/types.ts";
 import type { Logger } from "./log.ts";
+import { RoutingSchema, UpstreamSpecSchema } from "./upstream/config.ts";
 
 /** One entry of `models/models.json` (or of a config file's `models`). */
 export const ModelSpecSchema = z.object({
   id: z.string().min(1).regex(/^[\w.:\/-]+$/, "ids use letters, digits and . _ : / -"),
   aliases: z.array(z.string().min(1)).default([]),
   kind: z.enum(["chat", "embedding"]),
-  backend: z.enum(["llama", "onnx"]).default("llama"),
-  /** A file path, `hf:<owner>/<repo>/<file>[@<revision>]`, or `builtin:<preset>`. */
-  source: z.string().min(1),
+  /** `openai`: served by the remote OpenAI-compatible servers in `upstreams`. */
+  backend: z.enum(["llama", "onnx", "openai"]).default("llama"),
+  /** A file path, `hf:<owner>/<repo>/<file>[@<revision>]`, or `builtin:<preset>` (not for `openai`). */
+  source: z.string().min(1).optional(),
+  /** Backend `openai`: the servers that serve this model, and how requests are routed to them. */
+  upstreams: z.array(UpstreamSpecSchema).min(1).max(64).optional(),
+  routing: RoutingSchema.partial().optional(),
   /** Expected SHA-256 (hex) of a downloaded file. */
   sha256: z.string().regex(/^[0-9a-f]{64}$/).optional(),
   /** Expected size in bytes of a downloaded file. */
@@ -36,9 +41,41 @@ export const ModelSpecSchema = z.object({
   minDims: z.number().int().min(1).default(32),
   /** Default of `chat_template_kwargs.enable_thinking`; absent: what the chat template does. */
   thinking: z.boolean().optional(),
+  /**
+   * Embedding models: the default task of queries (`input_type: "query"`); absent: queries are
+   * embedded as sent unless the request gives an `instruction`.
+   */
+  queryInstruction: z.string().min(1).max(4096).optional(),
+  /** How a query is formatted: `{instruction}` and `{text}` (Qwen3-Embedding's format by default). */
+  queryFormat: z.string().refine((f) => f.includes("{instruction}") && f.includes("{text}"), {
+    message: "queryFormat must contain {instruction} and {text}",
+  }).default("Instruct: {instruction}\nQuery:{text}"),
   /** Tool-call dialect; absent: read from the chat template (`<function=…>` = xml, else json). */
   toolFormat: z.enum(["json", "xml"]).optional(),
-}).strict();
+}).strict().superRefine((m, ctx) => {
+  const remote = m.backend === "openai";
+  if (remote && !m.upstreams) {
+    ctx.addIssue({ code: "custom", path: ["upstreams"], message: "the openai backend needs upstreams" });
+  }
+  if (!remote && m.upstreams) {
+    ctx.addIssue({ code: "custom", path: ["upstreams"], message: "upstreams need backend 'openai'" });
+  }
+  if (!remote && !m.source) {
+    ctx.addIssue({ code: "custom", path: ["source"], message: "a model file (source) is required" });
+  }
+  const names = new Set<string>();
+  m.upstreams?.forEach((u, i) => {
+    const name = u.name ?? `upstream-${i}`;
+    if (names.has(name)) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["upstreams", i, "name"],
+        message: `the name '${name}' is taken`,
+      });
+    }
+    names.add(name);
+  });
+});
 export type ModelSpec = z.infer<typeof ModelSpecSchema>;
 
 /** The registry file: a list of model specs with unique ids and aliases. */
@@ -91,6 +128,8 @@ export interface ModelSlot {
   inFlight: number;
   /** Requests the engine runs at once; more wait in its queue. */
   parallel: number;
+  /** Tokens of admitted embedding requests not yet finished (the work budget). */
+  tokensInFlight?: number;
 }
 
 /** Loads one spec into an engine. */
@@ -129,7 +168,10 @@ export class Registry {
 
   /** True when every model is loaded. */
   get ready(): boolean {
-    return this.#slots.every((s) => s.state === "loaded");
+    // A model served by upstreams is ready while one of them can take requests.
+    return this.#slots.every((s) =>
+      s.state === "loaded" && (s.engine?.upstreams?.().some((u) => u.routable) ?? true)
+    );
   }
 
   /** Loads every model (in order, to bound peak memory); failures are recorded, not thrown. */
@@ -201,6 +243,31 @@ export class Registry {
    * Admits one request to `slot` or refuses it with 429 when its slots and queue are full; a request
    * needing several sequences (`n` choices) weighs that many. Returns the release function (idempotent).
    */
+  /**
+   * Charges `tokens` of work to the slot's budget: a request that would take it over `budget` is
+   * refused with 429 while other work runs (a request larger than the whole budget runs alone).
+   */
+  admitTokens(slot: ModelSlot, tokens: number, budget: number): () => void {
+    const used = slot.tokensInFlight ?? 0;
+    if (used > 0 && used + tokens > budget) {
+      throw new ApiError(
+        429,
+        "rate_limit_error",
+        `The model '${slot.spec.id}' is busy: ${used} tokens are being embedded and this request adds ` +
+          `${tokens}, over the budget of ${budget} (setting max-queued-embedding-tokens). Retry shortly.`,
+        null,
+        "token_budget_exceeded",
+        { "retry-after": "1" },
+      );
+    }
+    slot.tokensInFlight = used + tokens;
+    let released = false;
+    return () => {
+      if (!released) slot.tokensInFlight = (slot.tokensInFlight ?? 0) - tokens;
+      released = true;
+    };
+  }
+
   admit(slot: ModelSlot, maxQueue: number, weight = 1): () => void {
     if (slot.inFlight + weight > slot.parallel + maxQueue) {
       throw new ApiError(

@@ -20,7 +20,11 @@ import { EmbeddingsRequestSchema } from "./protocol/embeddings.ts";
 import { ChatRequestSchema } from "./protocol/chat.ts";
 import type { ModelList, ModelObject } from "./protocol/models.ts";
 import { createEmbeddings } from "./services/embeddings.ts";
-import { createChatCompletion } from "./services/chat.ts";
+import { createEntryEmbeddings } from "./services/upstream_embeddings.ts";
+import { openApiDocument, type RouteInfo } from "./http/openapi.ts";
+import { type ChatContext, createChatCompletion } from "./services/chat.ts";
+import { createResponse } from "./services/responses.ts";
+import { ResponsesRequestSchema } from "./protocol/responses.ts";
 import { createCompletion } from "./services/completions.ts";
 import { detokenize, tokenize } from "./services/tokens.ts";
 import {
@@ -30,6 +34,7 @@ import {
 } from "./protocol/completions.ts";
 import { VERSION_INFO } from "./version.ts";
 import type { z } from "zod";
+import type { ConnectionWatch } from "./http/connections.ts";
 
 /** Shutdown state shared with `main.ts`. */
 export interface Lifecycle {
@@ -53,10 +58,21 @@ export interface ServerDeps {
   maxEmbeddingInputs: number;
   maxQueue: number;
   requestTimeoutMs: number;
+  /** Time to receive a request body (0 = none). */
+  bodyTimeoutMs?: number;
+  /** Per embedding model: tokens admitted at once. */
+  maxQueuedEmbeddingTokens?: number;
   corsOrigins: readonly string[];
+  /** The connection watch (client-gone detection, idle timeout), once listening. */
+  connections?: () => ConnectionWatch | null;
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
 }
+
+/** The request handler for `Deno.serve`, with the route table it serves. */
+export type ServerHandler =
+  & ((req: Request, info?: Deno.ServeHandlerInfo<Deno.Addr>) => Promise<Response>)
+  & { readonly routes: readonly RouteInfo[] };
 
 /** Per-request facts for the access log and metrics. */
 interface RequestContext {
@@ -91,10 +107,10 @@ interface Route {
  * Deno.serve({ port: 8080 }, createServer(deps));
  * ```
  */
-export function createServer(deps: ServerDeps): (req: Request) => Promise<Response> {
+export function createServer(deps: ServerDeps): ServerHandler {
   const now = deps.now ?? (() => Math.floor(Date.now() / 1000));
   const parse = async <S extends z.ZodType>(req: Request, schema: S): Promise<z.infer<S>> => {
-    const body = await readJsonBody(req, deps.bodyLimitBytes);
+    const body = await readJsonBody(req, deps.bodyLimitBytes, deps.bodyTimeoutMs ?? 0);
     const r = schema.safeParse(body);
     if (!r.success) throw fromZodError(r.error);
     return r.data;
@@ -127,6 +143,9 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
       kind: slot.spec.kind,
       status: slot.state,
       ...(name !== slot.spec.id ? { alias_of: slot.spec.id } : {}),
+      ...(slot.engine?.upstreams
+        ? { upstreams: slot.engine.upstreams().map((u) => ({ name: u.name, state: u.state })) }
+        : {}),
     };
   };
 
@@ -142,8 +161,47 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
       ...(s.loadSeconds !== undefined ? { load_seconds: Number(s.loadSeconds.toFixed(2)) } : {}),
       in_flight: s.inFlight,
       ...s.details,
+      ...(s.engine?.upstreams
+        ? {
+          upstreams: s.engine.upstreams().map((u) => ({
+            name: u.name,
+            state: u.state,
+            in_flight: u.inFlight,
+            failures: u.failures,
+          })),
+        }
+        : {}),
     })),
   });
+
+  /** The chat engine for `model`, checked against the key and admitted with `weight` sequences. */
+  const chatEngine = (model: string, ctx: RequestContext, weight = 1) => {
+    ctx.model = model;
+    allowedSlot(model, ctx.key);
+    const { slot, engine } = deps.registry.engine(model, "chat");
+    admit(slot, ctx, weight);
+    return { slot, engine };
+  };
+
+  /** What the chat engine path needs from one request (shared by chat completions and responses). */
+  const chatContext = (slot: ModelSlot, ctx: RequestContext): ChatContext => {
+    const started = performance.now();
+    return {
+      defaultThinking: slot.spec.thinking,
+      systemFingerprint: slot.details.system_fingerprint as string | undefined,
+      created: now(),
+      signal: ctx.signal,
+      log: deps.log,
+      requestId: ctx.id,
+      onStarted: () => (ctx.queueWaitMs = performance.now() - started),
+      onFirstToken: () =>
+        deps.metrics.ttft.observe({ model: slot.spec.id }, (performance.now() - started) / 1000),
+      onUsage: (u) => {
+        ctx.promptTokens = u.prompt_tokens;
+        ctx.completionTokens = u.completion_tokens;
+      },
+    };
+  };
 
   const routes: Route[] = [
     {
@@ -156,11 +214,22 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
         allowedSlot(body.model, ctx.key);
         const { slot, engine } = deps.registry.engine(body.model, "embedding");
         admit(slot, ctx);
-        const res = await createEmbeddings(body, engine, {
+        // A model served by upstreams reads the entries itself (its tokenizer is theirs).
+        const res = await (engine.embedEntries ? createEntryEmbeddings : createEmbeddings)(body, engine, {
           maxInputTokens: slot.spec.maxInputTokens ?? 8192,
           maxEntries: deps.maxEmbeddingInputs,
           matryoshka: slot.spec.matryoshka,
           minDims: slot.spec.minDims,
+          queryInstruction: slot.spec.queryInstruction,
+          queryFormat: slot.spec.queryFormat,
+          admitTokens: (tokens) => {
+            try {
+              return deps.registry.admitTokens(slot, tokens, deps.maxQueuedEmbeddingTokens ?? 262_144);
+            } catch (e) {
+              deps.metrics.rejected.inc({ model: slot.spec.id });
+              throw e;
+            }
+          },
         }, ctx.signal);
         ctx.promptTokens = res.usage.prompt_tokens;
         return jsonResponse(res);
@@ -172,29 +241,36 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
       auth: "v1",
       handler: async (req, ctx) => {
         const body = await parse(req, ChatRequestSchema);
-        ctx.model = body.model;
-        allowedSlot(body.model, ctx.key);
-        const { slot, engine } = deps.registry.engine(body.model, "chat");
         // n choices hold n sequences.
-        admit(slot, ctx, body.n ?? 1);
-        const started = performance.now();
-        return await createChatCompletion(body, engine, {
-          defaultThinking: slot.spec.thinking,
-          systemFingerprint: slot.details.system_fingerprint as string | undefined,
-          created: now(),
-          signal: ctx.signal,
-          log: deps.log,
-          requestId: ctx.id,
-          onStarted: () => (ctx.queueWaitMs = performance.now() - started),
-          onFirstToken: () =>
-            deps.metrics.ttft.observe({ model: slot.spec.id }, (performance.now() - started) / 1000),
-          onUsage: (u) => {
-            ctx.promptTokens = u.prompt_tokens;
-            ctx.completionTokens = u.completion_tokens;
-          },
-        });
+        const { slot, engine } = chatEngine(body.model, ctx, body.n ?? 1);
+        return await createChatCompletion(body, engine, chatContext(slot, ctx));
       },
     },
+    {
+      method: "POST",
+      path: "/v1/responses",
+      auth: "v1",
+      handler: async (req, ctx) => {
+        const body = await parse(req, ResponsesRequestSchema);
+        const { slot, engine } = chatEngine(body.model, ctx);
+        return await createResponse(body, engine, chatContext(slot, ctx));
+      },
+    },
+    ...["GET", "DELETE"].map((method): Route => ({
+      method,
+      path: "/v1/responses/",
+      prefix: true,
+      auth: "v1",
+      handler: () => {
+        throw new ApiError(
+          404,
+          "not_found_error",
+          "This server is stateless: it stores no responses, so none can be retrieved or deleted.",
+          "response_id",
+          "not_found",
+        );
+      },
+    })),
     {
       method: "POST",
       path: "/v1/completions",
@@ -280,7 +356,18 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
       prefix: true,
       auth: "v1",
       handler: (_req, ctx, name) => {
-        const id = decodeURIComponent(name);
+        let id: string;
+        try {
+          id = decodeURIComponent(name);
+        } catch {
+          throw new ApiError(
+            400,
+            "invalid_request_error",
+            "The model id in the path is not valid percent-encoding.",
+            "model",
+            "invalid_path",
+          );
+        }
         allowedSlot(id, ctx.key);
         return jsonResponse(modelObject(id));
       },
@@ -304,14 +391,33 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
           headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
         }),
     },
+    {
+      method: "GET",
+      path: "/openapi.json",
+      auth: "open",
+      handler: () => jsonResponse(openApi ??= openApiDocument(routeTable)),
+    },
   ];
+  /** The route table as `/openapi.json` and tests see it. */
+  const routeTable: RouteInfo[] = routes.map((r) => ({
+    method: r.method,
+    path: r.prefix ? `${r.path}{id}` : r.path,
+    auth: r.auth,
+  }));
+  let openApi: Record<string, unknown> | undefined;
 
   const route = (method: string, path: string): { route: Route; match: string } => {
     const matching = routes.filter((r) =>
       r.prefix ? path.startsWith(r.path) && path.length > r.path.length : path === r.path
     );
     if (matching.length === 0) {
-      throw new ApiError(404, "invalid_request_error", `Unknown path '${path}'.`, null, "unknown_url");
+      throw new ApiError(
+        404,
+        "invalid_request_error",
+        `Unknown path '${clip(path, 256)}'.`,
+        null,
+        "unknown_url",
+      );
     }
     const hit = matching.find((r) => r.method === method);
     if (!hit) {
@@ -319,7 +425,7 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
       throw new ApiError(
         405,
         "invalid_request_error",
-        `Method ${method} is not allowed on '${path}'; use ${allowed}.`,
+        `Method ${clip(method, 16)} is not allowed on '${clip(path, 256)}'; use ${allowed}.`,
         null,
         "method_not_allowed",
         { allow: allowed },
@@ -328,17 +434,28 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     return { route: hit, match: hit.prefix ? path.slice(hit.path.length) : "" };
   };
 
-  return async (req: Request): Promise<Response> => {
+  const handler = async (req: Request, info?: Deno.ServeHandlerInfo<Deno.Addr>): Promise<Response> => {
     const started = performance.now();
     const url = new URL(req.url);
+    // Deno.serve misses the disconnect of a client whose body was over ~1 KB: the kernel's view does not.
+    const gone = new AbortController();
+    const remote = info?.remoteAddr;
+    const untrack = remote?.transport === "tcp"
+      ? deps.connections?.()?.track(
+        remote,
+        () => gone.abort(new DOMException("the client closed the connection", "AbortError")),
+      )
+      : undefined;
     const signal = AbortSignal.any([
       req.signal,
+      gone.signal,
       AbortSignal.timeout(deps.requestTimeoutMs),
       deps.lifecycle.shutdown,
     ]);
     const ctx: RequestContext = {
       id: requestId(req.headers.get("x-request-id")),
-      route: url.pathname,
+      // Fixed labels only: an unknown path must not become a metrics series.
+      route: "unmatched",
       signal,
       onDone: [],
     };
@@ -346,6 +463,7 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     let rateHeaders: Record<string, string> = {};
     try {
       if (req.method === "OPTIONS" && deps.corsOrigins.length > 0) {
+        ctx.route = "preflight";
         res = new Response(null, { status: 204 });
       } else {
         const { route: r, match } = route(req.method, url.pathname);
@@ -367,6 +485,7 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     for (const [k, v] of Object.entries(rateHeaders)) if (!res.headers.has(k)) res.headers.set(k, v);
     applyCors(req, res, deps.corsOrigins);
     const finish = () => {
+      untrack?.();
       for (const f of ctx.onDone) f();
       const seconds = (performance.now() - started) / 1000;
       deps.limiter.charge(ctx.key, (ctx.promptTokens ?? 0) + (ctx.completionTokens ?? 0));
@@ -388,10 +507,10 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
       deps.log.info("request", {
         request_id: ctx.id,
         method: req.method,
-        route: url.pathname,
+        route: clip(url.pathname, 256),
         status: res.status,
         ...(ctx.key ? { key: ctx.key.name } : {}),
-        ...(ctx.model ? { model: ctx.model } : {}),
+        ...(ctx.model ? { model: clip(ctx.model, 256) } : {}),
         ...(ctx.promptTokens !== undefined ? { prompt_tokens: ctx.promptTokens } : {}),
         ...(ctx.completionTokens !== undefined ? { completion_tokens: ctx.completionTokens } : {}),
         ...(ctx.queueWaitMs !== undefined ? { queue_wait_ms: Number(ctx.queueWaitMs.toFixed(2)) } : {}),
@@ -400,6 +519,7 @@ export function createServer(deps: ServerDeps): (req: Request) => Promise<Respon
     };
     return res.body ? withBodyEnd(res, finish) : (finish(), res);
   };
+  return Object.assign(handler, { routes: routeTable });
 }
 
 function toApiError(e: unknown, signal: AbortSignal, ctx: RequestContext, log: Logger): ApiError {
@@ -442,6 +562,11 @@ function withBodyEnd(res: Response, done: () => void): Response {
     },
   });
   return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
+}
+
+/** At most `max` characters of a client-supplied string, for logs and error messages. */
+export function clip(text: string, max: number): string {
+  return text.length <= max ? text : `${text.slice(0, max)}…(${text.length} chars)`;
 }
 
 function requestId(given: string | null): string {

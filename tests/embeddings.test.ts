@@ -249,3 +249,93 @@ serverTest("onnx: a long entry and many short ones arriving together all get the
   const single = (await embed({ model, input: shorts[5] })).data[0].embedding;
   shortRes[5].data[0].embedding.forEach((x: number, i: number) => assert.ok(Math.abs(x - single[i]) < 1e-5));
 });
+
+// Query instructions (Qwen3-Embedding: `Instruct: {task}\nQuery:{text}`), formatted server-side.
+const SPEC = "Vendor/Vendor3-Embedding-8B";
+const TASK = "Given a web search query, retrieve relevant passages that answer the query";
+
+serverTest(
+  "input_type query gives exactly the vector of the hand-formatted string, with its tokens",
+  async () => {
+    const query = "what is the capital of France?";
+    const server_ = await embed({ model: SPEC, input: query, input_type: "query" });
+    const hand = await embed({ model: SPEC, input: `Instruct: ${TASK}\nQuery:${query}` });
+    assert.deepEqual(server_.data[0].embedding, hand.data[0].embedding);
+    assert.deepEqual(server_.usage, hand.usage);
+    const plain = await embed({ model: SPEC, input: query });
+    assert.notDeepEqual(plain.data[0].embedding, server_.data[0].embedding);
+    // usage counts the tokens embedded: the instruction's too.
+    const ids = tokenizer.encode(`Instruct: ${TASK}\nQuery:${query}`, { add_special_tokens: false }).ids;
+    assert.equal(server_.usage.prompt_tokens, ids.length + 1);
+    assert.ok(server_.usage.prompt_tokens > plain.usage.prompt_tokens + 10);
+  },
+);
+
+serverTest("a request's instruction overrides the default, for every entry of a list", async () => {
+  const task = "Given a question, retrieve {code} that answers it";
+  const res = await embed({
+    model: SPEC,
+    input: ["sort a list", "read a file"],
+    input_type: "query",
+    instruction: task,
+  });
+  const hand = await embed({
+    model: SPEC,
+    input: [`Instruct: ${task}\nQuery:sort a list`, `Instruct: ${task}\nQuery:read a file`],
+  });
+  assert.deepEqual(res.data.map((d: Json) => d.embedding), hand.data.map((d: Json) => d.embedding));
+});
+
+serverTest("documents are embedded as sent, with input_type document or none", async () => {
+  const doc = "Paris is the capital of France.";
+  const a = await embed({ model: SPEC, input: doc, input_type: "document" });
+  const b = await embed({ model: SPEC, input: doc });
+  assert.deepEqual(a.data[0].embedding, b.data[0].embedding);
+  assert.equal(a.usage.prompt_tokens, tokenizer.encode(doc, { add_special_tokens: false }).ids.length + 1);
+});
+
+serverTest(
+  "a model without a query instruction embeds queries as sent unless the request names one",
+  async () => {
+    const onnx = "vserve/tiny-embed-onnx";
+    const q = await embed({ model: onnx, input: "hello world", input_type: "query" });
+    const plain = await embed({ model: onnx, input: "hello world" });
+    assert.deepEqual(q.data[0].embedding, plain.data[0].embedding);
+    const named = await embed({
+      model: onnx,
+      input: "hello world",
+      input_type: "query",
+      instruction: "Find",
+    });
+    const hand = await embed({ model: onnx, input: "Instruct: Find\nQuery:hello world" });
+    assert.deepEqual(named.data[0].embedding, hand.data[0].embedding);
+  },
+);
+
+serverTest(
+  "a wrong input_type, a stray instruction and token-id queries are 400s naming the field",
+  async () => {
+    for (const input_type of ["search_query", 1, "QUERY"]) {
+      const res = await postJson(url, { model: SPEC, input: "x", input_type }, KEY);
+      assertApiError(res, 400, { param: "input_type", code: "invalid_value" });
+      assert.match(res.body.error.message, /'query' or 'document'/);
+    }
+    assertApiError(
+      await postJson(url, { model: SPEC, input: "x", instruction: "Find" }, KEY),
+      400,
+      { param: "instruction", code: "invalid_value" },
+    );
+    assertApiError(
+      await postJson(url, { model: SPEC, input: "x", input_type: "query", instruction: "" }, KEY),
+      400,
+      { param: "instruction", code: "invalid_value" },
+    );
+    assertApiError(
+      await postJson(url, { model: SPEC, input: [1, 2, 3], input_type: "query" }, KEY),
+      400,
+      { param: "input_type", code: "invalid_value" },
+    );
+    // The server keeps serving.
+    assert.equal((await embed({ model: SPEC, input: "x", input_type: "query" })).data.length, 1);
+  },
+);

@@ -374,12 +374,55 @@ function adversarialCases(): { path: string; body: BodyInit; contentType?: strin
   }
   const tools = [{
     type: "function",
-    function: { name: "f", parameters: { type: "object", properties: { a: { minimum: 1 } } } },
+    function: {
+      name: "f",
+      parameters: { type: "object", properties: { a: { type: "string", format: "ipv6" } } },
+    },
   }];
   cases.push({
     path: chat,
-    body: JSON.stringify({ model: CHAT, messages: user, tools, tool_choice: "required" }),
+    body: JSON.stringify({ model: CHAT, messages: user, tools, tool_choice: "required", max_tokens: 8 }),
   });
+  // The hardening findings: deep and huge schemas, a huge echoed model value.
+  let deep: unknown = {};
+  for (let i = 0; i < 3000; i++) deep = { type: "array", items: deep };
+  const bigEnum = { enum: Array.from({ length: 100_000 }, (_, i) => `v${i}`) };
+  for (const schema of [deep, bigEnum]) {
+    for (
+      const patch of [
+        { response_format: { type: "json_schema", json_schema: { name: "x", schema } } },
+        { tools: [{ type: "function", function: { name: "f", parameters: schema } }] },
+      ]
+    ) {
+      cases.push({
+        path: chat,
+        body: JSON.stringify({ model: CHAT, messages: user, max_tokens: 2, ...patch }),
+      });
+    }
+  }
+  cases.push({ path: emb, body: JSON.stringify({ model: "m".repeat(1_000_000), input: "x" }) });
+  // The Responses API's stateful and hosted features, and malformed items.
+  const responses = "/v1/responses";
+  const responseBodies: Record<string, unknown>[] = [
+    { store: true },
+    { previous_response_id: "resp_x" },
+    { input: [{ type: "item_reference", id: "x" }] },
+    { input: [{ type: "function_call_output", call_id: "x", output: "y" }] },
+    { input: [{ type: "function_call", call_id: "", name: "f", arguments: "{}" }] },
+    { input: [{ role: "user", content: [{ type: "input_file", file_id: "f" }] }] },
+    { input: Array(5000).fill({ role: "user", content: "" }).concat([null]) },
+    { tools: [{ type: "file_search" }] },
+    { tools: [{ type: "function", name: "f", parameters: deep }] },
+    { text: { format: { type: "json_schema", name: "x", schema: bigEnum } } },
+    { input: [] },
+    { reasoning: "high" },
+  ];
+  for (const patch of responseBodies) {
+    cases.push({
+      path: responses,
+      body: JSON.stringify({ model: CHAT, input: "x", max_output_tokens: 2, ...patch }),
+    });
+  }
   return cases;
 }
 

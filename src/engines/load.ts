@@ -10,6 +10,7 @@ import { openLlamaLibrary } from "./llama/ffi.ts";
 import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
+import { openUpstreamEngine } from "../upstream/load.ts";
 
 /**
  * Loads the engine for `spec`; server-wide settings (threads, gpu, ctx size, parallel) override
@@ -21,6 +22,8 @@ export async function loadEngine(
   log: Logger,
   report: (details: Record<string, unknown>) => void,
 ): Promise<ChatEngine | EmbeddingEngine> {
+  if (spec.backend === "openai") return await openUpstreamEngine(spec, log, report, Deno.env.toObject());
+  if (!spec.source) throw new Error("a model file (source) is required");
   const path = await resolveSource(spec.source, {
     cacheDir: config.modelCache,
     hubUrl: config.hubUrl,

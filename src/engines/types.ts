@@ -17,8 +17,19 @@ export interface EmbeddingEngine {
   detokenize?(ids: readonly number[]): string;
   /** Engine counters for /metrics (tokens evaluated, decodes, …). */
   counters?(): Record<string, number>;
+  /** An engine that forwards to remote servers: each one's state. */
+  upstreams?(): UpstreamStatus[];
   /** Pooled vectors (not yet normalised), one per sequence, in order. */
   embed(sequences: readonly (readonly number[])[], signal?: AbortSignal): Promise<Float32Array[]>;
+  /**
+   * An engine that reads the entries itself (a remote server, whose tokenizer is its own): the
+   * service passes them as given, with no tokenization or token limits of its own. Vectors are
+   * the native ones (not yet truncated or normalised); `nativeDims` is 0 until the first is seen.
+   */
+  embedEntries?(
+    entries: readonly (string | readonly number[])[],
+    opts: { truncate: boolean; signal?: AbortSignal; requestId?: string },
+  ): Promise<{ vectors: Float32Array[]; promptTokens: number }>;
   /** Frees native memory. */
   dispose(): Promise<void>;
 }
@@ -92,6 +103,13 @@ export interface ChatJob {
   rawPrompt?: number[];
   /** Report the log-probability of every prompt token after the first (legacy `echo` + `logprobs`). */
   promptLogprobs?: boolean;
+  /**
+   * The client reads the output as it is generated (`stream: true`). When false nothing reaches the
+   * client before the end, so an engine forwarding to remote servers may retry a failure anywhere.
+   */
+  streamed?: boolean;
+  /** The request id, for engines that pass it on to other servers and name it in their logs. */
+  requestId?: string;
 }
 
 /** A token's log-probability as clients see it. */
@@ -132,6 +150,17 @@ export type ChatEvent =
     finishReason: FinishReason;
     completionTokens: number;
     reasoningTokens: number;
+  }
+  /**
+   * The final counts, from an engine that learns them only at the end (a remote server's usage):
+   * they replace what `prompt` and the `end` events said.
+   */
+  | {
+    type: "usage";
+    promptTokens: number;
+    cachedTokens: number;
+    completionTokens: number;
+    reasoningTokens: number;
   };
 
 /** A loaded chat model. */
@@ -142,6 +171,8 @@ export interface ChatEngine {
   readonly maxChoices: number;
   /** Engine counters for /metrics (tokens evaluated, reused, generated, decodes, …). */
   counters?(): Record<string, number>;
+  /** An engine that forwards to remote servers: each one's state. */
+  upstreams?(): UpstreamStatus[];
   /** Runs one job; stops and frees its sequences when `signal` aborts or the iterator is returned. */
   generate(job: ChatJob, signal: AbortSignal): AsyncIterable<ChatEvent>;
   /** Token ids of `text`; `special`: parse special-token text (chat markup) into special tokens. */
@@ -158,6 +189,20 @@ export interface ChatEngine {
   tokenText(token: number): { token: string; bytes: number[] };
   /** Frees native memory. */
   dispose(): Promise<void>;
+}
+
+/** One remote server behind an engine, as /health, /v1/models and readiness report it. */
+export interface UpstreamStatus {
+  /** The configured label (never the URL). */
+  name: string;
+  /** `unknown` until first checked; `unhealthy`: its health check fails; `ejected`: too many failures. */
+  state: "unknown" | "healthy" | "unhealthy" | "ejected";
+  /** Whether new requests may go to it. */
+  routable: boolean;
+  /** Requests sent to it and not yet finished. */
+  inFlight: number;
+  /** Failed requests in a row. */
+  failures: number;
 }
 
 /** A request the engine cannot serve as asked (e.g. too long, or a schema it cannot enforce). */

@@ -1,5 +1,5 @@
 /** Reads a request body as JSON within a byte limit, with OpenAI-style errors for each fault. */
-import { ApiError, badRequest } from "./errors.ts";
+import { abortedError, ApiError, badRequest } from "./errors.ts";
 
 /**
  * Parses the JSON body of `req`, refusing non-JSON content types (415), bodies over `limitBytes`
@@ -10,7 +10,7 @@ import { ApiError, badRequest } from "./errors.ts";
  * const body = await readJsonBody(req, 8 * 1024 * 1024);
  * ```
  */
-export async function readJsonBody(req: Request, limitBytes: number): Promise<unknown> {
+export async function readJsonBody(req: Request, limitBytes: number, timeoutMs = 0): Promise<unknown> {
   const type = req.headers.get("content-type") ?? "";
   if (!/^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i.test(type)) {
     throw new ApiError(
@@ -24,7 +24,7 @@ export async function readJsonBody(req: Request, limitBytes: number): Promise<un
   }
   const declared = Number(req.headers.get("content-length") ?? NaN);
   if (declared > limitBytes) throw tooLarge(limitBytes);
-  const bytes = await readLimited(req, limitBytes);
+  const bytes = await readLimited(req, limitBytes, timeoutMs);
   let text: string;
   try {
     text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
@@ -48,14 +48,34 @@ export async function readJsonBody(req: Request, limitBytes: number): Promise<un
   return body;
 }
 
-async function readLimited(req: Request, limitBytes: number): Promise<Uint8Array> {
+/** The body, within `limitBytes` and (if > 0) `timeoutMs`; a client that aborts its upload is a 499. */
+async function readLimited(req: Request, limitBytes: number, timeoutMs: number): Promise<Uint8Array> {
   if (!req.body) return new Uint8Array();
+  const reader = req.body.getReader();
   const chunks: Uint8Array[] = [];
   let total = 0;
-  for await (const chunk of req.body) {
-    total += chunk.byteLength;
-    if (total > limitBytes) throw tooLarge(limitBytes);
-    chunks.push(chunk);
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<never>((_, reject) => {
+    if (timeoutMs > 0) timer = setTimeout(() => reject(bodyTimeout(timeoutMs)), timeoutMs);
+  });
+  late.catch(() => {});
+  try {
+    for (;;) {
+      let next: ReadableStreamReadResult<Uint8Array>;
+      try {
+        next = await Promise.race([reader.read(), late]);
+      } catch (e) {
+        if (e instanceof ApiError) throw e;
+        throw abortedError(new DOMException("the client aborted the upload", "AbortError"));
+      }
+      if (next.done) break;
+      total += next.value.byteLength;
+      if (total > limitBytes) throw tooLarge(limitBytes);
+      chunks.push(next.value);
+    }
+  } finally {
+    clearTimeout(timer);
+    reader.cancel().catch(() => {});
   }
   const out = new Uint8Array(total);
   let at = 0;
@@ -64,6 +84,17 @@ async function readLimited(req: Request, limitBytes: number): Promise<Uint8Array
     at += c.byteLength;
   }
   return out;
+}
+
+function bodyTimeout(ms: number): ApiError {
+  return new ApiError(
+    408,
+    "invalid_request_error",
+    `The request body was not received within ${ms / 1000} s (setting body-timeout).`,
+    null,
+    "request_timeout",
+    { connection: "close" },
+  );
 }
 
 function tooLarge(limitBytes: number): ApiError {

@@ -59,7 +59,9 @@ export function modelNotFound(model: string): ApiError {
   return new ApiError(
     404,
     "invalid_request_error",
-    `The model '${model}' does not exist. GET /v1/models lists the models this server serves.`,
+    `The model '${
+      model.length <= 256 ? model : `${model.slice(0, 256)}…`
+    }' does not exist. GET /v1/models lists the models this server serves.`,
     "model",
     "model_not_found",
   );

@@ -10,9 +10,10 @@ export const SSE_HEADERS: Record<string, string> = {
   "x-accel-buffering": "no",
 };
 
-/** One `data:` event carrying `payload` as JSON. */
-export function sseData(payload: unknown): Uint8Array {
-  return encoder.encode(`data: ${JSON.stringify(payload)}\n\n`);
+/** One `data:` event carrying `payload` as JSON (named by an `event:` line when `name` is given). */
+export function sseData(payload: unknown, name?: string): Uint8Array {
+  const head = name ? `event: ${name.replace(/[\r\n]+/g, " ")}\n` : "";
+  return encoder.encode(`${head}data: ${JSON.stringify(payload)}\n\n`);
 }
 
 /** The terminal `data: [DONE]` event of OpenAI streams. */
@@ -24,7 +25,8 @@ export function sseComment(text: string): Uint8Array {
 }
 
 /**
- * Turns an async source of payloads into an SSE body that ends with `[DONE]`. Pings are sent
+ * Turns an async source of payloads into an SSE body that ends with `[DONE]` (unless `done` is
+ * false; `event` names each event, as the Responses API does). Pings are sent
  * every `pingMs` while the source is silent. When the client goes away the source's iterator is
  * returned (`finally` blocks run), so producers free their resources.
  *
@@ -33,10 +35,16 @@ export function sseComment(text: string): Uint8Array {
  * new Response(sseStream(chunks()), { headers: SSE_HEADERS });
  * ```
  */
-export function sseStream(
-  source: AsyncIterable<unknown>,
-  opts: { pingMs?: number; onError?: (e: unknown) => unknown } = {},
+export function sseStream<T>(
+  source: AsyncIterable<T>,
+  opts: {
+    pingMs?: number;
+    onError?: (e: unknown) => unknown;
+    done?: boolean;
+    event?: (payload: T) => string | undefined;
+  } = {},
 ): ReadableStream<Uint8Array> {
+  const end = () => (opts.done === false ? [] : [SSE_DONE]);
   const iterator = source[Symbol.asyncIterator]();
   let ping: ReturnType<typeof setInterval> | undefined;
   let finished = false;
@@ -58,17 +66,17 @@ export function sseStream(
         if (finished) return;
         if (next.done) {
           stop();
-          controller.enqueue(SSE_DONE);
+          for (const b of end()) controller.enqueue(b);
           controller.close();
         } else {
-          controller.enqueue(sseData(next.value));
+          controller.enqueue(sseData(next.value, opts.event?.(next.value)));
         }
       } catch (e) {
         if (finished) return;
         stop();
         // After the first byte the status is sent: the error travels as an event, then [DONE].
         if (opts.onError) controller.enqueue(sseData(opts.onError(e)));
-        controller.enqueue(SSE_DONE);
+        for (const b of end()) controller.enqueue(b);
         controller.close();
       }
     },

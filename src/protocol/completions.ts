@@ -98,3 +98,18 @@ export const DetokenizeRequestSchema = z.object({
   tokens: z.array(TokenId),
 });
 export type DetokenizeRequest = z.infer<typeof DetokenizeRequestSchema>;
+
+/** The answer of `/tokenize`: llama-server's `tokens` and vLLM's `count` and `max_model_len`. */
+export const TokenizeResponseSchema = z.object({
+  tokens: z.union([
+    z.array(z.number().int()),
+    z.array(z.object({ id: z.number().int(), piece: z.string() })),
+  ]),
+  count: z.number().int(),
+  max_model_len: z.number().int().optional(),
+  prompt: z.string().optional(),
+});
+export type TokenizeResponse = z.infer<typeof TokenizeResponseSchema>;
+
+/** The answer of `/detokenize` (`content` as llama-server, `prompt` as vLLM). */
+export const DetokenizeResponseSchema = z.object({ content: z.string(), prompt: z.string() });

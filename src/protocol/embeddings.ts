@@ -18,6 +18,14 @@ export const EmbeddingsRequestSchema = z.object({
   user: z.string().nullish(),
   /** Extension: cut each entry to the model's limit instead of rejecting it. */
   truncate: z.boolean().nullish(),
+  /**
+   * Extension: "query" formats each text entry with the model's query instruction (Qwen3-Embedding:
+   * `Instruct: {task}\nQuery:{text}`); "document" (the default) embeds entries as sent.
+   */
+  input_type: z.enum(["query", "document"], { error: "input_type must be 'query' or 'document'" }).nullish(),
+  /** Extension: the task description for queries, instead of the model's default. */
+  instruction: z.string().min(1, "instruction is empty").max(4096, "instruction is over 4096 characters")
+    .nullish(),
 });
 export type EmbeddingsRequest = z.infer<typeof EmbeddingsRequestSchema>;
 

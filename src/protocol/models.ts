@@ -10,6 +10,11 @@ export const ModelObjectSchema = z.object({
   kind: z.enum(["chat", "embedding"]).optional(),
   status: z.enum(["loading", "loaded", "failed"]).optional(),
   alias_of: z.string().optional(),
+  /** A model served by upstreams: each one's state (by its configured name). */
+  upstreams: z.array(z.object({
+    name: z.string(),
+    state: z.enum(["unknown", "healthy", "unhealthy", "ejected"]),
+  })).optional(),
 });
 export type ModelObject = z.infer<typeof ModelObjectSchema>;
 

@@ -24,7 +24,7 @@ import type {
 } from "../engines/types.ts";
 import { EngineInputError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
-import { checkAgainstSchema } from "./schema_check.ts";
+import { checkAgainstSchema, checkSchemaLimits } from "./schema_check.ts";
 
 /** Per-request context from the server. */
 export interface ChatContext {
@@ -57,7 +57,29 @@ export async function createChatCompletion(
   engine: ChatEngine,
   ctx: ChatContext,
 ): Promise<Response> {
+  const run = await runChat(req, engine, ctx);
+  if (run.kind === "completion") return jsonResponse(run.completion);
+  const body = sseStream(run.chunks, {
+    pingMs: 15_000,
+    onError: (e) => run.toError(e).toBody(),
+  });
+  return new Response(body, { headers: SSE_HEADERS });
+}
+
+/** A chat request's outcome: the whole completion, or its chunks (errors mid-stream are thrown by them). */
+export type ChatRun =
+  | { kind: "completion"; completion: ChatCompletion }
+  | { kind: "stream"; chunks: AsyncGenerator<ChatChunk>; toError: (e: unknown) => ApiError };
+
+/**
+ * Runs one chat request to its OpenAI objects; the engine path that `/v1/chat/completions` and
+ * `/v1/responses` share. Errors found before the first token are thrown as `ApiError`s; a
+ * stream's later errors are thrown by its iterator (logged here) and `toError` shapes them.
+ */
+export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatContext): Promise<ChatRun> {
   const job = toJob(req, ctx.defaultThinking);
+  job.streamed = req.stream === true;
+  job.requestId = ctx.requestId;
   const check = outputCheck(req, job);
   const id = `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
   // The stream's own controller also stops generation when the consumer goes away.
@@ -87,7 +109,7 @@ export async function createChatCompletion(
       const fault = check
         ? body.choices.map((c) => check(c.index, c.message, c.finish_reason)).find(Boolean)
         : undefined;
-      if (!fault) return jsonResponse(body);
+      if (!fault) return { kind: "completion", completion: body };
       if (attempt === MAX_ATTEMPTS) throw invalidOutput(fault);
       ctx.log.warn("the output failed its schema; generating it again", {
         request_id: ctx.requestId,
@@ -100,22 +122,25 @@ export async function createChatCompletion(
   const { iterator, prompt } = await start();
   ctx.onStarted?.();
   const chunks = streamChunks(req, job, id, ctx, prompt, iterator, abort, check);
-  const body = sseStream(chunks, {
-    pingMs: 15_000,
-    onError: (e) => {
-      const error = toError(e);
-      const log = error.status >= 500 && error.status !== 503 && error.status !== 504
-        ? ctx.log.error
-        : ctx.log.warn;
-      log("stream ended with an error", {
-        request_id: ctx.requestId,
-        status: error.status,
-        code: error.code,
-      });
-      return error.toBody();
-    },
-  });
-  return new Response(body, { headers: SSE_HEADERS });
+  return { kind: "stream", chunks: logErrors(chunks, toError, ctx), toError };
+}
+
+/** Logs the error that ends a stream (once, as it passes) and rethrows it. */
+async function* logErrors(
+  chunks: AsyncGenerator<ChatChunk>,
+  toError: (e: unknown) => ApiError,
+  ctx: ChatContext,
+): AsyncGenerator<ChatChunk> {
+  try {
+    yield* chunks;
+  } catch (e) {
+    const error = toError(e);
+    const log = error.status >= 500 && error.status !== 503 && error.status !== 504
+      ? ctx.log.error
+      : ctx.log.warn;
+    log("stream ended with an error", { request_id: ctx.requestId, status: error.status, code: error.code });
+    throw error;
+  }
 }
 
 /** Attempts at output that passes its schema check. */
@@ -211,6 +236,10 @@ export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
     parameters: t.function.parameters ?? undefined,
     strict: t.function.strict ?? undefined,
   }));
+  tools.forEach((t, i) => checkSchemaLimits(t.parameters, `tools[${i}].function.parameters`));
+  if (req.response_format?.type === "json_schema") {
+    checkSchemaLimits(req.response_format.json_schema.schema, "response_format.json_schema.schema");
+  }
   const names = new Set<string>();
   tools.forEach((t, i) => {
     if (names.has(t.name)) throw badRequest(`Duplicate tool name '${t.name}'.`, `tools[${i}].function.name`);
@@ -360,7 +389,9 @@ function usageOf(
   prompt: { promptTokens: number; cachedTokens: number },
   completion: number,
   reasoning: number,
+  final?: Extract<ChatEvent, { type: "usage" }>,
 ) {
+  if (final) return usageOf(final, final.completionTokens, final.reasoningTokens);
   return {
     prompt_tokens: prompt.promptTokens,
     completion_tokens: completion,
@@ -388,10 +419,15 @@ async function collect(
     reasoningTokens: 0,
     logprobs: [],
   }));
+  let final: Extract<ChatEvent, { type: "usage" }> | undefined;
   try {
     for (let e = await events.next(); !e.done; e = await events.next()) {
       const ev = e.value;
-      if (ev.type === "prompt" || ev.type === "first_token" || ev.type === "prompt_logprobs") continue;
+      if (ev.type === "usage") final = ev;
+      if (
+        ev.type === "prompt" || ev.type === "first_token" || ev.type === "prompt_logprobs" ||
+        ev.type === "usage"
+      ) continue;
       const r = results[ev.choice];
       switch (ev.type) {
         case "content":
@@ -423,6 +459,7 @@ async function collect(
     prompt,
     results.reduce((n, r) => n + r.tokens, 0),
     results.reduce((n, r) => n + r.reasoningTokens, 0),
+    final,
   );
   ctx.onUsage?.(usage);
   return {
@@ -479,11 +516,15 @@ async function* streamChunks(
   let completed = false;
   let tokens = 0;
   let reasoningTokens = 0;
+  let final: Extract<ChatEvent, { type: "usage" }> | undefined;
   try {
     for (let i = 0; i < job.n; i++) yield chunk(i, { role: "assistant", content: "" });
     for (let e = await events.next(); !e.done; e = await events.next()) {
       const ev = e.value;
       switch (ev.type) {
+        case "usage":
+          final = ev;
+          break;
         case "content":
           written[ev.choice].content += ev.text;
           yield chunk(ev.choice, { content: ev.text });
@@ -528,7 +569,7 @@ async function* streamChunks(
         }
       }
     }
-    const usage = usageOf(prompt, tokens, reasoningTokens);
+    const usage = usageOf(prompt, tokens, reasoningTokens, final);
     ctx.onUsage?.(usage);
     if (req.stream_options?.include_usage) {
       yield {

@@ -9,7 +9,61 @@ export interface EmbeddingLimits {
   maxInputTokens: number;
   maxEntries: number;
   matryoshka: boolean;
+  /** Charges the request's tokens to the model's work budget (429 when over); returns the release. */
+  admitTokens?: (tokens: number) => () => void;
   minDims: number;
+  /** The model's default query task and format (see {@link queryEntries}). */
+  queryInstruction?: string;
+  queryFormat?: string;
+}
+
+/** Qwen3-Embedding's query format, for models whose registry entry names none. */
+export const DEFAULT_QUERY_FORMAT = "Instruct: {instruction}\nQuery:{text}";
+
+/**
+ * The request with its query entries formatted: `input_type: "query"` puts each text entry in the
+ * model's query format with `instruction` (or the model's default task). A model without a default
+ * embeds queries as sent unless the request names an instruction. Documents are untouched.
+ *
+ * @example
+ * ```ts
+ * queryEntries({ model: "m", input: "x", input_type: "query" }, { queryInstruction: "Find" }).input;
+ * // "Instruct: Find\nQuery:x"
+ * ```
+ */
+export function queryEntries(
+  req: EmbeddingsRequest,
+  limits: Pick<EmbeddingLimits, "queryInstruction" | "queryFormat">,
+): EmbeddingsRequest {
+  if (req.instruction != null && req.input_type !== "query") {
+    throw badRequest(
+      "instruction applies to queries: send it with input_type 'query'.",
+      "instruction",
+      "invalid_value",
+    );
+  }
+  if (req.input_type !== "query") return req;
+  const instruction = req.instruction ?? limits.queryInstruction;
+  if (instruction === undefined) return req;
+  const input = req.input;
+  const tokenIds = typeof input !== "string" && input.length > 0 && typeof input[0] !== "string";
+  if (tokenIds) {
+    throw badRequest(
+      "input_type 'query' formats text; token-id input is embedded as given: format the query before tokenizing it, or leave input_type out.",
+      "input_type",
+      "invalid_value",
+    );
+  }
+  const format = limits.queryFormat ?? DEFAULT_QUERY_FORMAT;
+  // One pass over the template, so that braces inside the instruction or the text stay literal.
+  const apply = (text: string) =>
+    format.replace(/\{(instruction|text)\}/g, (_, k: string) => (k === "text" ? text : instruction));
+  return {
+    ...req,
+    input: typeof input === "string"
+      ? (input === "" ? input : apply(input))
+      : (input as string[]).map((t) => (t === "" ? t : apply(t))),
+  };
 }
 
 /**
@@ -27,10 +81,25 @@ export async function createEmbeddings(
   signal?: AbortSignal,
 ): Promise<EmbeddingsResponse> {
   const dims = checkDimensions(req.dimensions, engine.nativeDims, limits);
-  const sequences = await tokenizeEntries(req, engine, limits);
-  const vectors = await engine.embed(sequences, signal);
+  const sequences = await tokenizeEntries(queryEntries(req, limits), engine, limits);
+  const release = limits.admitTokens?.(sequences.reduce((n, s) => n + s.length, 0));
+  let vectors: Float32Array[];
+  try {
+    vectors = await engine.embed(sequences, signal);
+  } finally {
+    release?.();
+  }
+  return embeddingsResponse(req, vectors, dims, sequences.reduce((n, s) => n + s.length, 0));
+}
+
+/** The response body: each vector cut to `dims` and renormalised, in the requested encoding. */
+export function embeddingsResponse(
+  req: EmbeddingsRequest,
+  vectors: Float32Array[],
+  dims: number,
+  promptTokens: number,
+): EmbeddingsResponse {
   const base64 = req.encoding_format === "base64";
-  const promptTokens = sequences.reduce((n, s) => n + s.length, 0);
   return {
     object: "list",
     model: req.model,
@@ -46,7 +115,8 @@ export async function createEmbeddings(
   };
 }
 
-function checkDimensions(
+/** `dimensions` against the native size: the size to return, or 400. */
+export function checkDimensions(
   dimensions: number | null | undefined,
   native: number,
   limits: EmbeddingLimits,

@@ -4,6 +4,7 @@
  * compiled once per schema (a small LRU cache).
  */
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
+import { badRequest } from "../http/errors.ts";
 
 const ajv = new Ajv2020({
   strict: false,
@@ -83,4 +84,44 @@ export function checkAgainstSchema(
   if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value!);
   if (validate(value)) return { ok: true };
   return { ok: false, reason: ajv.errorsText(validate.errors) };
+}
+
+/** Bounds on a schema a request may carry (OpenAI's own are lower: 5 levels, 1,000 enum values). */
+export const SCHEMA_LIMITS = { maxDepth: 64, maxNodes: 10_000, maxEnumValues: 1_000, maxBytes: 256 * 1024 };
+
+/**
+ * Refuses a schema over the size limits with a 400 naming the limit, before any recursive work
+ * (conversion to a grammar, compilation) can overflow the stack or stall the event loop.
+ * Iterative, so a schema nested 100,000 levels deep is measured, not recursed into.
+ */
+export function checkSchemaLimits(schema: unknown, param: string): void {
+  const fail = (what: string) => {
+    throw badRequest(`The JSON schema at ${param} is too large: ${what}.`, param, "schema_too_large");
+  };
+  const stack: [unknown, number][] = [[schema, 0]];
+  let nodes = 0;
+  let enumValues = 0;
+  let bytes = 0;
+  while (stack.length > 0) {
+    const [node, depth] = stack.pop()!;
+    if (++nodes > SCHEMA_LIMITS.maxNodes) fail(`more than ${SCHEMA_LIMITS.maxNodes} values`);
+    if (depth > SCHEMA_LIMITS.maxDepth) fail(`nested deeper than ${SCHEMA_LIMITS.maxDepth} levels`);
+    if (typeof node === "string") bytes += node.length;
+    if (bytes > SCHEMA_LIMITS.maxBytes) fail(`more than ${SCHEMA_LIMITS.maxBytes} characters of strings`);
+    if (typeof node !== "object" || node === null) continue;
+    if (Array.isArray(node)) {
+      for (const v of node) stack.push([v, depth + 1]);
+      continue;
+    }
+    for (const [k, v] of Object.entries(node)) {
+      bytes += k.length;
+      if (k === "enum" && Array.isArray(v)) {
+        enumValues += v.length;
+        if (enumValues > SCHEMA_LIMITS.maxEnumValues) {
+          fail(`more than ${SCHEMA_LIMITS.maxEnumValues} enum values in all`);
+        }
+      }
+      stack.push([v, depth + 1]);
+    }
+  }
 }

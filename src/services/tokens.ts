@@ -3,17 +3,11 @@
  * `prompt`) or chat `messages` (through the model's chat template) → token ids, and back.
  */
 import { badRequest } from "../http/errors.ts";
-import type { DetokenizeRequest, TokenizeRequest } from "../protocol/completions.ts";
+import type { DetokenizeRequest, TokenizeRequest, TokenizeResponse } from "../protocol/completions.ts";
 import type { ChatEngine, EmbeddingEngine } from "../engines/types.ts";
 import { toEngineMessages } from "./chat.ts";
 
-/** The answer of /tokenize: llama-server's `tokens` and vLLM's `count` and `max_model_len`. */
-export interface TokenizeResponse {
-  tokens: number[] | { id: number; piece: string }[];
-  count: number;
-  max_model_len?: number;
-  prompt?: string;
-}
+export type { TokenizeResponse };
 
 function isChat(engine: ChatEngine | EmbeddingEngine): engine is ChatEngine {
   return "renderPrompt" in engine;

@@ -1,9 +1,7 @@
 /**
  * GGUF embedding models: inputs from all requests share decodes as separate sequences of one
- * context. For last-token pooling (Qwen3-Embedding) every token but the last is decoded without
- * any output, then the last tokens of all finished inputs are decoded together with embeddings
- * on: the vocabulary projection then runs for one token per input instead of every token, which
- * bounds both time and memory. Mean and CLS pooling accumulate per-token states chunk by chunk.
+ * context. For last-token pooling (Qwen3-Embedding) only each input's last token has an output,
+ * so the output buffer holds one row per input, not one per token, which bounds memory. Mean and CLS pooling accumulate per-token states chunk by chunk.
  */
 import type { EmbeddingEngine } from "../types.ts";
 import type { LlamaLibrary } from "./ffi.ts";
@@ -39,12 +37,18 @@ interface Input {
   /** Tokens fed so far. */
   fed: number;
   seq: number;
+  /** The request it belongs to: sequences are shared fairly between requests. */
+  job: object;
   sum?: Float64Array;
   signal?: AbortSignal;
   resolve: (v: Float32Array) => void;
   reject: (e: unknown) => void;
 }
 
+/** Sequences one request may not take: they stay free for the next request. */
+const RESERVED_SEQS = 4;
+/** Body tokens per step while several requests share the engine: shorter steps, sooner turns. */
+const SHARED_STEP_TOKENS = 128;
 /** Extra KV cells beyond the longest input, so short inputs are admitted beside a long one. */
 const RESERVE = 2048;
 const POOLING_IDS: Record<string, "mean" | "cls" | "last"> = { "1": "mean", "2": "cls", "3": "last" };
@@ -145,9 +149,10 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     signal?.throwIfAborted();
     const tooLong = sequences.find((s) => s.length > this.#ctx.nCtx - RESERVE + 1);
     if (tooLong) return Promise.reject(new Error(`an input of ${tooLong.length} tokens exceeds the context`));
+    const job = {};
     const results = sequences.map((ids) =>
       new Promise<Float32Array>((resolve, reject) =>
-        this.#queue.push({ ids, fed: 0, seq: -1, signal, resolve, reject })
+        this.#queue.push({ ids, fed: 0, seq: -1, job, signal, resolve, reject })
       )
     );
     this.stats.inputsQueued = this.#queue.length;
@@ -188,12 +193,27 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     this.stats.inputsQueued = this.#queue.length;
   }
 
-  /** Moves queued inputs into free sequences while their tokens fit in the KV cache. */
+  /**
+   * Moves queued inputs into free sequences while their tokens fit in the KV cache, taking each
+   * time from the request with the fewest inputs in flight: a one-input request queued behind a
+   * thousand-input one gets the next free sequence.
+   */
   #admit() {
+    const perJob = new Map<object, number>();
+    for (const a of this.#active) perJob.set(a.job, (perJob.get(a.job) ?? 0) + 1);
     while (this.#queue.length > 0 && this.#freeSeqs.length > 0) {
-      const next = this.#queue[0];
+      let at = 0;
+      let fewest = Infinity;
+      for (let i = 0; i < this.#queue.length && fewest > 0; i++) {
+        const n = perJob.get(this.#queue[i].job) ?? 0;
+        if (n < fewest) [at, fewest] = [i, n];
+      }
+      const next = this.#queue[at];
+      // Sequences kept free for other requests, so a newcomer joins the very next step.
+      if (fewest >= this.#ctx.nSeqMax - RESERVED_SEQS) return;
       if (this.#kvUsed + next.ids.length > this.#ctx.nCtx && this.#active.length > 0) return;
-      this.#queue.shift();
+      this.#queue.splice(at, 1);
+      perJob.set(next.job, fewest + 1);
       next.seq = this.#freeSeqs.pop()!;
       this.#kvUsed += next.ids.length;
       this.#active.push(next);
@@ -202,24 +222,32 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     this.stats.inputsInFlight = this.#active.length;
   }
 
-  /** Body tokens without outputs (shortest inputs first), then the last tokens with embeddings. */
+  /**
+   * Body tokens without outputs (shortest inputs first), then the last tokens of finished bodies
+   * with embeddings on. Two decodes, not one: with embeddings on llama.cpp sizes its buffers for
+   * a batch of outputs (measured: +890 MiB, kept, for an 8192-token input in one pass).
+   */
   async #stepLast() {
     const batch = this.#batch;
     batch.clear();
     const byRemaining = [...this.#active].sort((a, b) => (a.ids.length - a.fed) - (b.ids.length - b.fed));
+    // While several requests share the engine, short steps let a newcomer's turn come sooner.
+    const shared = new Set([...this.#active, ...this.#queue].map((i) => i.job)).size > 1;
+    const limit = shared ? Math.min(batch.capacity, SHARED_STEP_TOKENS) : batch.capacity;
     const fedNow = new Map<Input, number>();
     for (const input of byRemaining) {
-      const end = Math.min(input.ids.length - 1, input.fed + batch.room);
+      const room = limit - batch.size;
+      if (room <= 0) break;
+      const end = Math.min(input.ids.length - 1, input.fed + room);
       for (let i = input.fed; i < end; i++) batch.add(input.ids[i], i, input.seq, false);
       if (end > input.fed) fedNow.set(input, end);
-      if (batch.room === 0) break;
     }
     if (batch.size > 0) {
       this.#ctx.setEmbeddings(false);
       await this.#decode();
       for (const [input, end] of fedNow) input.fed = end;
     }
-    const ready = this.#active.filter((i) => i.fed === i.ids.length - 1).slice(0, batch.capacity);
+    const ready = this.#active.filter((i) => i.fed === i.ids.length - 1).slice(0, limit);
     if (ready.length === 0) return;
     batch.clear();
     const outs = ready.map((input) => batch.add(input.ids[input.fed], input.fed, input.seq, true));

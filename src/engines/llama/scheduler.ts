@@ -99,12 +99,17 @@ interface Running {
   cached: number;
   /** Prompt positions where a chunk must end (a checkpoint may be taken there). */
   boundaries: number[];
+  /** Step of its last prompt chunk (-1: none yet): chunks go round-robin between prompts. */
+  lastChunk: number;
   checkpointAt: Set<number>;
   choices: ChoiceState[];
   resolve: () => void;
   reject: (e: unknown) => void;
   failed: boolean;
 }
+
+/** Fewest prompt tokens worth reusing a slot that holds another prompt. */
+const MIN_REUSE = 64;
 
 /** Settings of the loop. */
 export interface SchedulerOptions {
@@ -187,6 +192,7 @@ export class Scheduler {
         job,
         slots: [],
         fed: 0,
+        lastChunk: -1,
         cached: 0,
         boundaries: [],
         checkpointAt: new Set(),
@@ -309,16 +315,23 @@ export class Scheduler {
 
   /** The free sequence whose memory serves most of `prompt` (least recently used on ties). */
   #bestSlot(free: Slot[], prompt: readonly number[]): Slot {
-    let best = free[0];
-    let bestScore = -1;
+    // A slot is reused when the prompt keeps a real prefix of it (at least 64 tokens and half of what
+    // it holds); otherwise an empty or the least recently used slot is taken, so a few shared
+    // template tokens never evict another conversation's cache (llama-server: similarity + LRU).
+    let best: Slot | undefined;
+    let bestScore = 0;
     for (const s of free) {
       const score = this.#reusable(s, prompt);
-      if (score > bestScore || (score === bestScore && s.lastUsed < best.lastUsed)) {
+      if (score < MIN_REUSE || score * 2 < s.cached.length) continue;
+      if (score > bestScore || (score === bestScore && best && s.lastUsed < best.lastUsed)) {
         best = s;
         bestScore = score;
       }
     }
-    return best;
+    return best ??
+      [...free].sort((a, b) =>
+        (a.cached.length === 0 ? 0 : 1) - (b.cached.length === 0 ? 0 : 1) || a.lastUsed - b.lastUsed
+      )[0];
   }
 
   /** Prompt tokens `slot` can keep for `prompt`. */
@@ -394,7 +407,10 @@ export class Scheduler {
     // would be cut into other pieces than when it runs alone, and its numbers would differ in the
     // last bits. A prompt chunk therefore runs by itself, alternating with decode steps (which hold
     // one token per sequence and split the same way every time), and ends only at its own boundaries.
-    const prefilling = this.#running.filter((r) => r.fed < r.job.prompt.length);
+    // Least recently served first (new prompts before a long one's next chunk): a short request
+    // never waits for a long prompt to finish. Chunks run alone, so the order changes no result.
+    const prefilling = this.#running.filter((r) => r.fed < r.job.prompt.length)
+      .sort((a, b) => a.lastChunk - b.lastChunk);
     if (prefilling.length > 0 && (decodes.length === 0 || this.#prefillTurn)) batch.clear();
     if (batch.size === 0) {
       for (const r of prefilling) {
@@ -407,6 +423,7 @@ export class Scheduler {
         for (let i = from; i < to; i++) {
           out = batch.add(r.job.prompt[i], i, r.slots[0].seq, every || i === r.job.prompt.length - 1);
         }
+        r.lastChunk = this.stats.decodes;
         prefills.push({ running: r, from, to, out, first });
       }
     }

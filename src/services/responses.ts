@@ -1,0 +1,564 @@
+/**
+ * The OpenAI semantics of `POST /v1/responses` (the Responses API of agent clients), stateless:
+ * the request becomes a chat request and runs on the chat engine path (`runChat`), so grammars,
+ * tools, thinking, limits and schema checks are those of `/v1/chat/completions`; its output is
+ * read back into output items, or into the typed events of a response stream.
+ */
+import type { z } from "zod";
+import { ApiError, badRequest, fromZodError, jsonResponse } from "../http/errors.ts";
+import { SSE_HEADERS, sseStream } from "../http/sse.ts";
+import type { ChatChunk, ChatCompletion, ChatMessage, ChatRequest } from "../protocol/chat.ts";
+import type { CompletionUsage } from "../protocol/common.ts";
+import {
+  FunctionCallItemSchema,
+  FunctionCallOutputItemSchema,
+  FunctionToolSchema,
+  InputMessageSchema,
+  type OutputItem,
+  ReasoningItemSchema,
+  type ResponseObject,
+  type ResponsesRequest,
+  type ResponseStreamEvent,
+  type ResponseUsage,
+} from "../protocol/responses.ts";
+import type { ChatEngine } from "../engines/types.ts";
+import { type ChatContext, runChat } from "./chat.ts";
+
+/**
+ * Answers one Responses request: a `response` object, or (with `stream`) its typed events.
+ *
+ * @example
+ * ```ts
+ * const res = await createResponse(body, engine, ctx);
+ * ```
+ */
+export async function createResponse(
+  req: ResponsesRequest,
+  engine: ChatEngine,
+  ctx: ChatContext,
+): Promise<Response> {
+  const { chat, params } = toChatRequest(req);
+  const id = `resp_${crypto.randomUUID().replaceAll("-", "")}`;
+  let run;
+  try {
+    run = await runChat(chat, engine, ctx);
+  } catch (e) {
+    throw renameParam(e, params);
+  }
+  const base = responseBase(req, id, ctx.created);
+  if (run.kind === "completion") return jsonResponse(fromCompletion(base, run.completion));
+  const events = streamEvents(base, run.chunks, (e) => renameParam(run.toError(e), params));
+  return new Response(sseStream(events, { pingMs: 15_000, done: false, event: (e) => e.type }), {
+    headers: SSE_HEADERS,
+  });
+}
+
+/** Where each chat message came from, to name the Responses field in errors. */
+interface ParamMap {
+  /** messages[k] → its input field. */
+  messages: string[];
+  /** messages[k].tool_calls[j] → its input item. */
+  calls: Map<string, string>;
+}
+
+const TEXT_PARTS = new Set(["input_text", "output_text", "text"]);
+
+/** Parses an item with its own schema, naming fields under `at`. */
+function parseAt<S extends z.ZodType>(schema: S, value: unknown, at: string): z.infer<S> {
+  const r = schema.safeParse(value);
+  if (r.success) return r.data;
+  const issue = r.error.issues[0];
+  const inner = fromZodError(r.error);
+  const param = `${at}${
+    issue.path.map((p) => (typeof p === "number" ? `[${p}]` : `.${String(p)}`)).join("")
+  }`;
+  return throwIt(badRequest(inner.message.replace(/'[^']*'/, `'${param}'`), param, inner.code));
+}
+
+function throwIt(e: ApiError): never {
+  throw e;
+}
+
+/** The text of message content or of a function output; non-text parts are refused by name. */
+function textOf(content: string | Record<string, unknown>[], at: string): string {
+  if (typeof content === "string") return content;
+  return content.map((p, j) => {
+    if (!TEXT_PARTS.has(String(p.type)) || typeof p.text !== "string") {
+      throw badRequest(
+        `This server reads text only: content parts of type '${String(p.type)}' are not supported.`,
+        `${at}[${j}].type`,
+        "unsupported_value",
+      );
+    }
+    return p.text;
+  }).join("");
+}
+
+/** The chat request a Responses request means, and where its messages came from. */
+export function toChatRequest(req: ResponsesRequest): { chat: ChatRequest; params: ParamMap } {
+  const stateless = (param: string, what: string) =>
+    badRequest(
+      `This server is stateless: it keeps no responses or conversations, so ${what} is not supported. ` +
+        "Send the whole conversation in input (and store: false, or leave store out).",
+      param,
+      "unsupported_value",
+    );
+  if (req.store === true) throw stateless("store", "store: true");
+  if (req.previous_response_id != null) throw stateless("previous_response_id", "previous_response_id");
+  if (req.conversation != null) throw stateless("conversation", "conversation");
+  if (req.background === true) throw stateless("background", "background: true");
+
+  const messages: ChatMessage[] = [];
+  const params: ParamMap = { messages: [], calls: new Map() };
+  const push = (m: ChatMessage, from: string) => {
+    messages.push(m);
+    params.messages.push(from);
+  };
+  if (req.instructions) push({ role: "system", content: req.instructions }, "instructions");
+  const calls = new Set<string>();
+  /** The assistant message that consecutive assistant items (reasoning, text, calls) build. */
+  let open: Extract<ChatMessage, { role: "assistant" }> | undefined;
+  const assistant = (from: string, fresh = false) => {
+    if (!open || fresh) {
+      open = { role: "assistant", content: null, tool_calls: [] };
+      push(open, from);
+    }
+    return open;
+  };
+  if (typeof req.input === "string") push({ role: "user", content: req.input }, "input");
+  else {
+    req.input.forEach((item, i) => {
+      const at = `input[${i}]`;
+      const type = item.type ?? ("role" in item ? "message" : undefined);
+      switch (type) {
+        case "message": {
+          const m = parseAt(InputMessageSchema, item, at);
+          const text = textOf(m.content as string | Record<string, unknown>[], `${at}.content`);
+          if (m.role === "assistant") {
+            const a = assistant(at);
+            a.content = (a.content ?? "") + text;
+          } else {
+            open = undefined;
+            push({ role: m.role, content: text }, at);
+          }
+          break;
+        }
+        case "reasoning": {
+          const r = parseAt(ReasoningItemSchema, item, at);
+          const text = (r.content?.length ? r.content : r.summary).map((p) => p.text).join("\n\n");
+          // Reasoning begins a turn: after text or calls it opens a new assistant message.
+          const a = assistant(at, !!open && (open.content != null || (open.tool_calls?.length ?? 0) > 0));
+          a.reasoning_content = (a.reasoning_content ?? "") + text;
+          break;
+        }
+        case "function_call": {
+          const c = parseAt(FunctionCallItemSchema, item, at);
+          const a = assistant(at);
+          params.calls.set(`messages[${messages.indexOf(a)}].tool_calls[${a.tool_calls!.length}]`, at);
+          a.tool_calls!.push({
+            id: c.call_id,
+            type: "function",
+            function: { name: c.name, arguments: c.arguments },
+          });
+          calls.add(c.call_id);
+          break;
+        }
+        case "function_call_output": {
+          const o = parseAt(FunctionCallOutputItemSchema, item, at);
+          if (!calls.has(o.call_id)) {
+            throw badRequest(
+              `No function_call with call_id '${o.call_id.slice(0, 256)}' comes before this output in input.`,
+              `${at}.call_id`,
+              "invalid_value",
+            );
+          }
+          open = undefined;
+          push(
+            {
+              role: "tool",
+              tool_call_id: o.call_id,
+              content: textOf(o.output as string | Record<string, unknown>[], `${at}.output`),
+            },
+            at,
+          );
+          break;
+        }
+        case "item_reference":
+          throw stateless(`${at}.type`, "item_reference");
+        default:
+          throw badRequest(
+            `Input items of type '${String(type).slice(0, 64)}' are not supported: send message, ` +
+              "function_call, function_call_output or reasoning items.",
+            `${at}.type`,
+            "unsupported_value",
+          );
+      }
+    });
+  }
+  if (messages.length === 0) throw badRequest("input holds no items.", "input", "invalid_value");
+
+  const tools = (req.tools ?? []).map((t, i) => {
+    if (t.type !== "function") {
+      throw badRequest(
+        `Only function tools are served; '${String(t.type).slice(0, 64)}' (a hosted tool) is not available.`,
+        `tools[${i}].type`,
+        "unsupported_value",
+      );
+    }
+    const f = parseAt(FunctionToolSchema, t, `tools[${i}]`);
+    return {
+      type: "function" as const,
+      function: { name: f.name, description: f.description, parameters: f.parameters, strict: f.strict },
+    };
+  });
+
+  let toolChoice: ChatRequest["tool_choice"];
+  const tc = req.tool_choice;
+  if (typeof tc === "string") toolChoice = tc;
+  else if (tc != null) {
+    if (tc.type !== "function" || typeof tc.name !== "string") {
+      throw badRequest(
+        "tool_choice must be 'none', 'auto', 'required' or {type:'function', name}; hosted tools are not available.",
+        "tool_choice",
+        "unsupported_value",
+      );
+    }
+    toolChoice = { type: "function", function: { name: tc.name } };
+  }
+
+  const format = req.text?.format;
+  let responseFormat: ChatRequest["response_format"];
+  if (format?.type === "json_object") responseFormat = { type: "json_object" };
+  if (format?.type === "json_schema") {
+    responseFormat = {
+      type: "json_schema",
+      json_schema: {
+        name: format.name,
+        description: format.description,
+        schema: format.schema,
+        strict: format.strict,
+      },
+    };
+  }
+
+  // The thinking switch: an explicit chat_template_kwargs wins, then reasoning.effort.
+  const effort = req.reasoning?.effort;
+  const thinking = req.chat_template_kwargs?.enable_thinking ??
+    (effort == null ? undefined : effort !== "none" && effort !== "minimal");
+  const chat: ChatRequest = {
+    model: req.model,
+    messages,
+    tools: tools.length ? tools : undefined,
+    tool_choice: toolChoice,
+    parallel_tool_calls: req.parallel_tool_calls,
+    max_completion_tokens: req.max_output_tokens,
+    temperature: req.temperature,
+    top_p: req.top_p,
+    top_k: req.top_k,
+    min_p: req.min_p,
+    seed: req.seed,
+    logit_bias: req.logit_bias,
+    response_format: responseFormat,
+    chat_template_kwargs: thinking === undefined ? undefined : { enable_thinking: thinking },
+    stream: req.stream,
+    // A response stream ends with the usage (response.completed carries it).
+    stream_options: req.stream ? { include_usage: true } : undefined,
+  };
+  return { chat, params };
+}
+
+/** The chat field names in an error, as the Responses request names them. */
+function renameParam(e: unknown, params: ParamMap): unknown {
+  if (!(e instanceof ApiError) || e.param == null) return e;
+  const p = e.param;
+  let renamed: string | undefined;
+  const call = p.match(/^(messages\[\d+\]\.tool_calls\[\d+\])(?:\.function)?(.*)$/);
+  const inMessage = p.match(/^messages\[(\d+)\]/);
+  if (call && params.calls.has(call[1])) renamed = params.calls.get(call[1])! + call[2];
+  else if (inMessage) renamed = params.messages[Number(inMessage[1])] ?? "input";
+  else if (p === "messages") renamed = "input";
+  else if (/^tools\[\d+\]\.function/.test(p)) renamed = p.replace(".function", "");
+  else if (p === "tool_choice.function.name") renamed = "tool_choice.name";
+  else if (p.startsWith("response_format")) {
+    renamed = p.replace(/^response_format(\.json_schema)?/, "text.format");
+  } else if (p === "max_completion_tokens" || p === "max_tokens") renamed = "max_output_tokens";
+  else if (p === "chat_template_kwargs.enable_thinking") renamed = "reasoning.effort";
+  if (renamed === undefined) return e;
+  const message = e.message.replaceAll(p, renamed).replaceAll("response_format", "text.format");
+  return new ApiError(e.status, e.type, message, renamed, e.code, e.headers);
+}
+
+/** The response fields fixed by the request (the rest come from the output). */
+export type Base = Omit<ResponseObject, "status" | "output" | "usage" | "error" | "incomplete_details">;
+
+function responseBase(req: ResponsesRequest, id: string, created: number): Base {
+  const format = req.text?.format ?? { type: "text" };
+  return {
+    id,
+    object: "response",
+    created_at: created,
+    instructions: req.instructions ?? null,
+    max_output_tokens: req.max_output_tokens ?? null,
+    model: req.model,
+    parallel_tool_calls: req.parallel_tool_calls ?? true,
+    previous_response_id: null,
+    reasoning: { effort: req.reasoning?.effort ?? null, summary: req.reasoning?.summary ?? null },
+    store: false,
+    temperature: req.temperature ?? null,
+    text: { format: format as Record<string, unknown> },
+    tool_choice: req.tool_choice ?? "auto",
+    tools: req.tools ?? [],
+    top_p: req.top_p ?? null,
+    truncation: req.truncation ?? "disabled",
+    metadata: req.metadata ?? {},
+  };
+}
+
+function usageOf(u: CompletionUsage): ResponseUsage {
+  return {
+    input_tokens: u.prompt_tokens,
+    input_tokens_details: { cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0 },
+    output_tokens: u.completion_tokens,
+    output_tokens_details: { reasoning_tokens: u.completion_tokens_details?.reasoning_tokens ?? 0 },
+    total_tokens: u.prompt_tokens + u.completion_tokens,
+  };
+}
+
+const itemId = (prefix: string) => `${prefix}_${crypto.randomUUID().replaceAll("-", "")}`;
+
+/** How a finished response ended: cut by the token limit, or complete. */
+function ending(finish: string | null) {
+  return finish === "length"
+    ? { status: "incomplete" as const, incomplete_details: { reason: "max_output_tokens" } }
+    : { status: "completed" as const, incomplete_details: null };
+}
+
+/** A whole chat completion as a response object. */
+function fromCompletion(base: Base, completion: ChatCompletion): ResponseObject {
+  const choice = completion.choices[0];
+  const m = choice.message;
+  const end = ending(choice.finish_reason);
+  const itemStatus = end.status === "incomplete" ? "incomplete" : "completed";
+  const output: OutputItem[] = [];
+  if (m.reasoning_content) {
+    output.push({
+      type: "reasoning",
+      id: itemId("rs"),
+      summary: [{ type: "summary_text", text: m.reasoning_content }],
+      status: m.content || m.tool_calls ? "completed" : itemStatus,
+    });
+  }
+  if (m.content) {
+    output.push({
+      type: "message",
+      id: itemId("msg"),
+      status: m.tool_calls ? "completed" : itemStatus,
+      role: "assistant",
+      content: [{ type: "output_text", text: m.content, annotations: [], logprobs: [] }],
+    });
+  }
+  for (const c of m.tool_calls ?? []) {
+    output.push({
+      type: "function_call",
+      id: itemId("fc"),
+      call_id: c.id,
+      name: c.function.name,
+      arguments: c.function.arguments,
+      status: "completed",
+    });
+  }
+  return { ...base, ...end, error: null, output, usage: usageOf(completion.usage) };
+}
+
+/**
+ * The typed events of a response stream, read off the chat chunks: items are written one after
+ * another (reasoning, message, function calls), each closed before the next opens; an error ends
+ * the stream with `response.failed` and `error`.
+ *
+ * @example
+ * ```ts
+ * for await (const e of streamEvents(base, run.chunks, toError)) send(e);
+ * ```
+ */
+export async function* streamEvents(
+  base: Base,
+  chunks: AsyncGenerator<ChatChunk>,
+  toError: (e: unknown) => unknown,
+): AsyncGenerator<ResponseStreamEvent> {
+  let sequence = 0;
+  const event = (type: ResponseStreamEvent["type"], fields: Record<string, unknown>) =>
+    ({ type, sequence_number: sequence++, ...fields }) as ResponseStreamEvent;
+  const output: OutputItem[] = [];
+  const snapshot = (
+    status: ResponseObject["status"],
+    extra: Partial<ResponseObject> = {},
+  ): ResponseObject => ({
+    ...base,
+    status,
+    error: null,
+    incomplete_details: null,
+    output: structuredClone(output),
+    usage: null,
+    ...extra,
+  });
+  yield event("response.created", { response: snapshot("in_progress") });
+  yield event("response.in_progress", { response: snapshot("in_progress") });
+
+  // The item being written; items are written one after another.
+  let current: OutputItem | undefined;
+  let index = -1;
+  let pendingSpace = "";
+  let finish: string | null = null;
+  let usage: CompletionUsage | undefined;
+
+  function* open(item: OutputItem): Generator<ResponseStreamEvent> {
+    yield* close("completed");
+    current = item;
+    output.push(item);
+    index = output.length - 1;
+    const shell = structuredClone(item);
+    if (shell.type === "message") shell.content = [];
+    if (shell.type === "reasoning") shell.summary = [];
+    yield event("response.output_item.added", { output_index: index, item: shell });
+    if (item.type === "message") {
+      yield event("response.content_part.added", {
+        item_id: item.id,
+        output_index: index,
+        content_index: 0,
+        part: { type: "output_text", text: "", annotations: [] },
+      });
+    }
+    if (item.type === "reasoning") {
+      yield event("response.reasoning_summary_part.added", {
+        item_id: item.id,
+        output_index: index,
+        summary_index: 0,
+        part: { type: "summary_text", text: "" },
+      });
+    }
+  }
+
+  function* close(status: "completed" | "incomplete"): Generator<ResponseStreamEvent> {
+    const item = current;
+    if (!item) return;
+    current = undefined;
+    const at = { item_id: item.id, output_index: index };
+    if (item.type === "reasoning") {
+      const text = item.summary[0].text;
+      item.status = status;
+      yield event("response.reasoning_summary_text.done", { ...at, summary_index: 0, text });
+      yield event("response.reasoning_summary_part.done", {
+        ...at,
+        summary_index: 0,
+        part: { type: "summary_text", text },
+      });
+    } else if (item.type === "message") {
+      const part = item.content[0];
+      item.status = status;
+      yield event("response.output_text.done", { ...at, content_index: 0, text: part.text, logprobs: [] });
+      yield event("response.content_part.done", { ...at, content_index: 0, part: structuredClone(part) });
+    } else {
+      item.status = "completed";
+      yield event("response.function_call_arguments.done", {
+        ...at,
+        name: item.name,
+        arguments: item.arguments,
+      });
+    }
+    yield event("response.output_item.done", { output_index: index, item: structuredClone(item) });
+  }
+
+  function* text(delta: string): Generator<ResponseStreamEvent> {
+    if (current?.type !== "message") {
+      yield* open({
+        type: "message",
+        id: itemId("msg"),
+        status: "in_progress",
+        role: "assistant",
+        content: [{ type: "output_text", text: "", annotations: [], logprobs: [] }],
+      });
+    }
+    const item = current as Extract<OutputItem, { type: "message" }>;
+    item.content[0].text += delta;
+    yield event("response.output_text.delta", {
+      item_id: item.id,
+      output_index: index,
+      content_index: 0,
+      delta,
+      logprobs: [],
+    });
+  }
+
+  try {
+    for await (const chunk of chunks) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const choice of chunk.choices) {
+        const d = choice.delta;
+        if (d.reasoning_content) {
+          if (current?.type !== "reasoning") {
+            yield* open({
+              type: "reasoning",
+              id: itemId("rs"),
+              summary: [{ type: "summary_text", text: "" }],
+            });
+          }
+          const item = current as Extract<OutputItem, { type: "reasoning" }>;
+          item.summary[0].text += d.reasoning_content;
+          yield event("response.reasoning_summary_text.delta", {
+            item_id: item.id,
+            output_index: index,
+            summary_index: 0,
+            delta: d.reasoning_content,
+          });
+        }
+        if (d.content) {
+          // Blank text before a call is not a message (as in the non-streamed answer): hold it back.
+          if (current?.type !== "message" && d.content.trim() === "") pendingSpace += d.content;
+          else {
+            const delta = pendingSpace + d.content;
+            pendingSpace = "";
+            yield* text(delta);
+          }
+        }
+        for (const call of d.tool_calls ?? []) {
+          if (call.id) {
+            pendingSpace = "";
+            yield* open({
+              type: "function_call",
+              id: itemId("fc"),
+              call_id: call.id,
+              name: call.function.name ?? "",
+              arguments: "",
+              status: "in_progress",
+            });
+          }
+          const args = call.function.arguments;
+          if (args && current?.type === "function_call") {
+            current.arguments += args;
+            yield event("response.function_call_arguments.delta", {
+              item_id: current.id,
+              output_index: index,
+              delta: args,
+            });
+          }
+        }
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+    }
+    if (pendingSpace && !output.some((o) => o.type === "function_call")) yield* text(pendingSpace);
+    const end = ending(finish);
+    yield* close(end.status);
+    yield event(end.status === "incomplete" ? "response.incomplete" : "response.completed", {
+      response: snapshot(end.status, { ...end, usage: usage ? usageOf(usage) : null }),
+    });
+  } catch (e) {
+    const error = toError(e);
+    const { message, code, param } = error instanceof ApiError
+      ? error
+      : { message: "The model failed while generating.", code: "generation_failed", param: null };
+    yield event("response.failed", {
+      response: snapshot("failed", { error: { code: code ?? "server_error", message } }),
+    });
+    yield event("error", { code, message, param });
+  }
+}

@@ -1,0 +1,200 @@
+/**
+ * A small OpenAI-compatible stand-in upstream on a loopback port, for gateway tests. What it does
+ * is chosen per request by the `model` the gateway sends (the registry's upstream `model` field):
+ *
+ * - `ok` (or anything else): a short stream "Hello", " world", usage, `[DONE]`; embeddings of 64
+ *   unnormalised dimensions that ignore `dimensions` and `encoding_format` (as llama-server does);
+ * - `think`: reasoning under vLLM's newer name `reasoning`, then content;
+ * - `delay`: `ok` after 300 ms (for load-spreading tests);
+ * - `fail500`, `busy` (429), `vllm400`, `tei413`, `fastapi422`, `text400`: error bodies in the shapes
+ *   upstreams write them;
+ * - `hang`: never answers (until the request is aborted);
+ * - `cut`: two chunks, then the connection breaks;
+ * - `slow`: a content chunk every 50 ms for 10 s; `slowish`: the same for 1 s.
+ *
+ * `GET /health` answers 200 while `healthy` is true, else 503. Every request is recorded, with
+ * whether its connection was aborted.
+ */
+import type { Json } from "./server.ts";
+
+/** One request the stand-in received. */
+export interface Seen {
+  path: string;
+  model?: string;
+  body: Json;
+  headers: Headers;
+  aborted: boolean;
+}
+
+/** A running stand-in. */
+export interface StandIn {
+  url: string;
+  port: number;
+  requests: Seen[];
+  healthy: boolean;
+  /** Stops listening (connections refused) until `restart`. */
+  stop(): Promise<void>;
+  /** Listens again on the same port. */
+  restart(): void;
+}
+
+/** The 64-dimension vector of input `i`: deliberately not unit length. */
+export function standInVector(i: number): number[] {
+  return Array.from({ length: 64 }, (_, k) => (k + 1) * (i + 1) * (k % 2 ? -1 : 1));
+}
+
+const enc = new TextEncoder();
+const sse = (x: unknown) => enc.encode(`data: ${typeof x === "string" ? x : JSON.stringify(x)}\n\n`);
+const chunk = (delta: Record<string, unknown>, finish: string | null = null) => ({
+  id: "chatcmpl-standin",
+  object: "chat.completion.chunk",
+  created: 1,
+  model: "standin-internal",
+  choices: [{ index: 0, delta, finish_reason: finish }],
+});
+const usage = {
+  id: "chatcmpl-standin",
+  object: "chat.completion.chunk",
+  created: 1,
+  model: "standin-internal",
+  choices: [],
+  usage: { prompt_tokens: 5, completion_tokens: 2, total_tokens: 7 },
+};
+const json = (body: unknown, status = 200, headers: Record<string, string> = {}) =>
+  new Response(typeof body === "string" ? body : JSON.stringify(body), {
+    status,
+    headers: { "content-type": typeof body === "string" ? "text/plain" : "application/json", ...headers },
+  });
+
+const ERRORS: Record<string, () => Response> = {
+  // The internal detail must never reach the gateway's client.
+  fail500: () =>
+    json(
+      { error: { message: "CUDA out of memory on gpu-node-7.internal", type: "InternalServerError" } },
+      500,
+    ),
+  busy: () =>
+    json({ error: { message: "too many requests", type: "rate_limit" } }, 429, { "retry-after": "7" }),
+  vllm400: () =>
+    json({
+      object: "error",
+      message: "This model's maximum context length is 10 tokens. However, you requested 20 tokens " +
+        "(vllm400 is the upstream name of the model).",
+      type: "BadRequestError",
+      param: null,
+      code: 400,
+    }, 400),
+  tei413: () =>
+    json({
+      error: "Input validation error: `inputs` must have less than 512 tokens",
+      error_type: "Validation",
+    }, 413),
+  fastapi422: () =>
+    json({
+      detail: [{ loc: ["body", "messages", 0, "role"], msg: "Input should be 'user'", type: "literal" }],
+    }, 422),
+  text400: () => json("bad things happened in the upstream", 400),
+};
+
+/**
+ * Starts a stand-in on `port` (0: any free port).
+ *
+ * @example
+ * ```ts
+ * const s = startStandIn();
+ * await fetch(`${s.url}/health`);
+ * await s.stop();
+ * ```
+ */
+export function startStandIn(port = 0): StandIn {
+  let server: Deno.HttpServer<Deno.NetAddr>;
+  const state: StandIn = {
+    url: "",
+    port: 0,
+    requests: [],
+    healthy: true,
+    stop: async () => {
+      await server.shutdown();
+    },
+    restart: () => {
+      server = listen(state.port);
+    },
+  };
+
+  const handle = async (req: Request): Promise<Response> => {
+    const path = new URL(req.url).pathname;
+    if (req.method === "GET" && path === "/health") {
+      return json({ status: state.healthy ? "ok" : "unhealthy" }, state.healthy ? 200 : 503);
+    }
+    const body = req.method === "POST" ? await req.json() : {};
+    const seen: Seen = { path, model: body.model, body, headers: req.headers, aborted: false };
+    state.requests.push(seen);
+    req.signal.addEventListener("abort", () => (seen.aborted = true));
+    const mode = String(body.model ?? "ok");
+    if (ERRORS[mode]) return ERRORS[mode]();
+    if (mode === "hang") {
+      await new Promise((r) => req.signal.addEventListener("abort", r));
+      return json({}, 500);
+    }
+    if (mode === "delay") await new Promise((r) => setTimeout(r, 300));
+    if (path === "/v1/embeddings") {
+      const inputs = Array.isArray(body.input) && typeof body.input[0] !== "number"
+        ? body.input
+        : [body.input];
+      return json({
+        object: "list",
+        model: "standin-internal",
+        data: inputs.map((_: unknown, i: number) => ({
+          object: "embedding",
+          index: i,
+          embedding: standInVector(i),
+        })),
+        usage: { prompt_tokens: 3 * inputs.length, total_tokens: 3 * inputs.length },
+      });
+    }
+    if (path !== "/v1/chat/completions") return json({ error: { message: "no such path" } }, 404);
+    let timer: ReturnType<typeof setInterval> | undefined;
+    const stream = new ReadableStream<Uint8Array>({
+      start(c) {
+        c.enqueue(sse(chunk({ role: "assistant", content: "" })));
+        if (mode === "think") c.enqueue(sse(chunk({ reasoning: "Let me think." })));
+        if (mode === "slow" || mode === "slowish") {
+          let n = 0;
+          timer = setInterval(() => {
+            if (++n > (mode === "slow" ? 200 : 20)) {
+              clearInterval(timer);
+              c.enqueue(sse(chunk({}, "stop")));
+              c.enqueue(sse(usage));
+              c.enqueue(sse("[DONE]"));
+              c.close();
+            } else c.enqueue(sse(chunk({ content: `${n} ` })));
+          }, 50);
+          return;
+        }
+        c.enqueue(sse(chunk({ content: "Hello" })));
+        if (mode === "cut") {
+          setTimeout(() => c.error(new Error("the upstream process died")), 50);
+          return;
+        }
+        c.enqueue(sse(chunk({ content: " world" })));
+        c.enqueue(sse(chunk({}, "stop")));
+        c.enqueue(sse(usage));
+        c.enqueue(sse("[DONE]"));
+        c.close();
+      },
+      cancel() {
+        clearInterval(timer);
+      },
+    });
+    return new Response(stream, { headers: { "content-type": "text/event-stream" } });
+  };
+
+  const listen = (p: number) =>
+    Deno.serve({ hostname: "127.0.0.1", port: p, onListen: () => {} }, handle) as Deno.HttpServer<
+      Deno.NetAddr
+    >;
+  server = listen(port);
+  state.port = server.addr.port;
+  state.url = `http://127.0.0.1:${state.port}`;
+  return state;
+}

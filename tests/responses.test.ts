@@ -1,0 +1,452 @@
+/**
+ * POST /v1/responses through a real server and the official SDK's `responses.create` and
+ * `responses.stream`: text, reasoning, streaming events, a function-call round trip, structured
+ * output, the stateless refusals; and the event writer on fake chunks (pure logic).
+ */
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { type Json, postJson, startServer } from "./helpers/server.ts";
+import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { ResponseObjectSchema, ResponseStreamEventSchema } from "../src/protocol/responses.ts";
+import { checkAgainstSchema } from "../src/services/schema_check.ts";
+import { streamEvents } from "../src/services/responses.ts";
+import { ApiError } from "../src/http/errors.ts";
+import type { ChatChunk } from "../src/protocol/chat.ts";
+
+const KEY = "test-key";
+const MODEL = "Vendor/Vendor3.6-35B-A3B";
+const server = await startServer(["--api-key", KEY, "--parallel", "4"], { waitReady: true });
+globalThis.addEventListener("unload", () => void server.stop());
+const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY, maxRetries: 0 });
+const url = `${server.url}/v1/responses`;
+
+/** A request through the SDK; extension fields (seed, logit_bias) ride along. */
+function create(body: Record<string, unknown>): Promise<Json> {
+  return client.responses.create(body as never) as Promise<Json>;
+}
+
+const WEATHER = {
+  type: "function",
+  name: "get_weather",
+  description: "The weather in a city",
+  parameters: {
+    type: "object",
+    properties: {
+      city: { type: "string", enum: ["Paris", "Rome", "Oslo"] },
+      days: { type: "integer", minimum: 1, maximum: 3 },
+    },
+    required: ["city", "days"],
+    additionalProperties: false,
+  },
+};
+const NO_THINKING = { reasoning: { effort: "minimal" } };
+
+serverTest("responses.create: text output, usage, and the same engine path as chat completions", async () => {
+  const res = await create({
+    model: MODEL,
+    input: "Say hi",
+    max_output_tokens: 8,
+    temperature: 0,
+    ...NO_THINKING,
+  });
+  ResponseObjectSchema.parse(res);
+  assert.equal(res.object, "response");
+  assert.match(res.id, /^resp_/);
+  assert.equal(res.store, false);
+  const message = res.output.find((o: Json) => o.type === "message");
+  assert.ok(message, JSON.stringify(res.output));
+  assert.equal(message.content[0].type, "output_text");
+  assert.equal(res.output_text, message.content[0].text, "the SDK's output_text reads our output");
+  assert.ok(res.output.every((o: Json) => o.type !== "reasoning"), "effort minimal switches thinking off");
+  assert.equal(res.usage.output_tokens_details.reasoning_tokens, 0);
+  assert.ok(res.usage.output_tokens >= 1 && res.usage.output_tokens <= 8);
+  assert.equal(res.usage.total_tokens, res.usage.input_tokens + res.usage.output_tokens);
+  if (res.usage.output_tokens === 8) {
+    assert.equal(res.status, "incomplete");
+    assert.deepEqual(res.incomplete_details, { reason: "max_output_tokens" });
+  }
+  // The same conversation through /v1/chat/completions: same prompt, same tokens.
+  const chat = await client.chat.completions.create({
+    model: MODEL,
+    messages: [{ role: "user", content: "Say hi" }],
+    max_completion_tokens: 8,
+    temperature: 0,
+    chat_template_kwargs: { enable_thinking: false },
+  } as never) as Json;
+  assert.equal(chat.usage.prompt_tokens, res.usage.input_tokens);
+  assert.equal(chat.choices[0].message.content, message.content[0].text);
+  // instructions are a system message.
+  const withInstructions = await create({
+    model: MODEL,
+    instructions: "You are terse.",
+    input: "Say hi",
+    max_output_tokens: 2,
+    ...NO_THINKING,
+  });
+  assert.ok(withInstructions.usage.input_tokens > res.usage.input_tokens + 3);
+  assert.equal(withInstructions.instructions, "You are terse.");
+});
+
+serverTest("thinking (on by default): a reasoning item with summary text, and reasoning_tokens", async () => {
+  const res = await create({ model: MODEL, input: "Think", max_output_tokens: 6, seed: 3 });
+  ResponseObjectSchema.parse(res);
+  const reasoning = res.output[0];
+  assert.equal(reasoning.type, "reasoning", JSON.stringify(res.output));
+  assert.match(reasoning.id, /^rs_/);
+  assert.equal(reasoning.summary[0].type, "summary_text");
+  assert.ok(reasoning.summary[0].text.length > 0);
+  assert.ok(res.usage.output_tokens_details.reasoning_tokens > 0);
+  assert.ok(res.usage.output_tokens_details.reasoning_tokens <= res.usage.output_tokens);
+  const high = await create({
+    model: MODEL,
+    input: "Think",
+    max_output_tokens: 6,
+    seed: 3,
+    reasoning: { effort: "high" },
+  });
+  assert.equal(
+    high.output[0].summary[0].text,
+    reasoning.summary[0].text,
+    "effort high: thinking on, as default",
+  );
+});
+
+serverTest(
+  "streaming: typed events with consecutive sequence numbers add up to the final response",
+  async () => {
+    const body = { model: MODEL, input: "Tell a story", max_output_tokens: 12, temperature: 0, seed: 5 };
+    const stream = await client.responses.create(
+      { ...body, stream: true } as never,
+    ) as unknown as AsyncIterable<Json>;
+    const events: Json[] = [];
+    for await (const e of stream) events.push(e);
+    events.forEach((e, i) => {
+      ResponseStreamEventSchema.parse(e);
+      assert.equal(e.sequence_number, i);
+    });
+    const types = events.map((e) => e.type);
+    assert.deepEqual(types.slice(0, 2), ["response.created", "response.in_progress"]);
+    const last = events.at(-1);
+    assert.ok(["response.completed", "response.incomplete"].includes(last.type), types.join(","));
+    const final = ResponseObjectSchema.parse(last.response);
+    for (const t of ["response.output_item.added", "response.output_item.done"]) assert.ok(types.includes(t));
+    // Text deltas make the message; summary deltas make the reasoning.
+    const text = events.filter((e) => e.type === "response.output_text.delta").map((e) => e.delta).join("");
+    const summary = events.filter((e) => e.type === "response.reasoning_summary_text.delta").map((e) =>
+      e.delta
+    )
+      .join("");
+    const message = final.output.find((o) => o.type === "message");
+    const reasoning = final.output.find((o) => o.type === "reasoning");
+    assert.equal(message?.type === "message" ? message.content[0].text : "", text);
+    assert.equal(reasoning?.type === "reasoning" ? reasoning.summary[0].text : "", summary);
+    if (message) {
+      assert.ok(types.includes("response.content_part.added") && types.includes("response.output_text.done"));
+    }
+    // Every added item is done, in order, at the output index it announced.
+    const added = events.filter((e) => e.type === "response.output_item.added").map((e) => e.output_index);
+    const done = events.filter((e) => e.type === "response.output_item.done").map((e) => e.output_index);
+    assert.deepEqual(added, done);
+    assert.deepEqual(added, final.output.map((_, i) => i));
+    // The non-streamed answer is the same.
+    const whole = await create(body);
+    assert.deepEqual(
+      whole.output.map((o: Json) => [o.type, o.content?.[0].text ?? o.summary?.[0].text]),
+      final.output.map((o: Json) => [o.type, o.content?.[0].text ?? o.summary?.[0].text]),
+    );
+    assert.deepEqual(whole.usage, final.usage);
+    // The SDK's accumulating helper agrees.
+    const helper = client.responses.stream(body as never);
+    const acc = await helper.finalResponse() as Json;
+    assert.equal(acc.output_text, whole.output_text);
+  },
+);
+
+serverTest("a function-call round trip: call → function_call_output → answer", async () => {
+  const first = await create({
+    model: MODEL,
+    input: [{ role: "user", content: "Weather in Paris?" }],
+    tools: [WEATHER],
+    tool_choice: "required",
+    ...NO_THINKING,
+  });
+  ResponseObjectSchema.parse(first);
+  const call = first.output.find((o: Json) => o.type === "function_call");
+  assert.ok(call, JSON.stringify(first.output));
+  assert.match(call.id, /^fc_/);
+  assert.equal(call.name, "get_weather");
+  assert.ok(call.call_id.length > 0);
+  const args = JSON.parse(call.arguments);
+  assert.ok(checkAgainstSchema(WEATHER.parameters, args).ok, call.arguments);
+  assert.equal(first.status, "completed");
+
+  const second = await create({
+    model: MODEL,
+    input: [
+      { role: "user", content: "Weather in Paris?" },
+      { type: "reasoning", id: "rs_1", summary: [{ type: "summary_text", text: "I should call the tool." }] },
+      ...first.output,
+      { type: "function_call_output", call_id: call.call_id, output: "Sunny, 24 C" },
+    ],
+    tools: [WEATHER],
+    tool_choice: "none",
+    max_output_tokens: 6,
+    ...NO_THINKING,
+  });
+  ResponseObjectSchema.parse(second);
+  assert.ok(second.output.every((o: Json) => o.type !== "function_call"), "tool_choice none: no call");
+  assert.ok(second.output.some((o: Json) => o.type === "message"), JSON.stringify(second.output));
+  // The history (reasoning, call and its output) is in the prompt.
+  const alone = await create({
+    model: MODEL,
+    input: [{ role: "user", content: "Weather in Paris?" }],
+    tools: [WEATHER],
+    tool_choice: "none",
+    max_output_tokens: 1,
+    ...NO_THINKING,
+  });
+  assert.ok(
+    second.usage.input_tokens > alone.usage.input_tokens + 15,
+    JSON.stringify([second.usage, alone.usage]),
+  );
+  const calls = first.output.filter((o: Json) => o.type === "function_call");
+  const rendered = await postJson(`${server.url}/tokenize`, {
+    model: MODEL,
+    messages: [
+      { role: "user", content: "Weather in Paris?" },
+      {
+        role: "assistant",
+        content: null,
+        reasoning_content: "I should call the tool.",
+        tool_calls: calls.map((c: Json) => ({
+          id: c.call_id,
+          type: "function",
+          function: { name: c.name, arguments: c.arguments },
+        })),
+      },
+      { role: "tool", tool_call_id: call.call_id, content: "Sunny, 24 C" },
+    ],
+    add_generation_prompt: true,
+    chat_template_kwargs: { enable_thinking: false },
+  }, KEY);
+  assert.equal(rendered.status, 200, JSON.stringify(rendered.body));
+  assert.equal(second.usage.input_tokens, rendered.body.count, "the items render as the same chat messages");
+
+  // The same call streamed: argument deltas add up to .done and to the final item.
+  const stream = await client.responses.create({
+    model: MODEL,
+    input: "Weather in Rome?",
+    tools: [WEATHER],
+    tool_choice: { type: "function", name: "get_weather" },
+    stream: true,
+    ...NO_THINKING,
+  } as never) as unknown as AsyncIterable<Json>;
+  const events: Json[] = [];
+  for await (const e of stream) events.push(e);
+  // Per call: argument deltas add up to its .done and to its final item.
+  const items = events.filter((e) =>
+    e.type === "response.output_item.done" && e.item.type === "function_call"
+  );
+  assert.ok(items.length >= 1);
+  for (const { item } of items) {
+    const deltas = events.filter((e) =>
+      e.type === "response.function_call_arguments.delta" && e.item_id === item.id
+    )
+      .map((e) => e.delta).join("");
+    const done = events.find((e) =>
+      e.type === "response.function_call_arguments.done" && e.item_id === item.id
+    );
+    assert.equal(done.arguments, deltas);
+    assert.equal(item.arguments, deltas);
+    assert.equal(item.name, "get_weather");
+    assert.ok(checkAgainstSchema(WEATHER.parameters, JSON.parse(deltas)).ok, deltas);
+  }
+  assert.equal(events.at(-1).type, "response.completed");
+});
+
+serverTest("structured output via text.format json_schema is valid JSON of the schema", async () => {
+  const schema = {
+    type: "object",
+    properties: {
+      unit: { type: "string", enum: ["celsius", "fahrenheit"] },
+      count: { type: "integer", minimum: 0, maximum: 9 },
+      ok: { type: "boolean" },
+    },
+    required: ["unit", "count", "ok"],
+    additionalProperties: false,
+  };
+  for (const seed of [1, 2]) {
+    const res = await create({
+      model: MODEL,
+      input: "Report",
+      text: { format: { type: "json_schema", name: "report", schema, strict: true } },
+      seed,
+      ...NO_THINKING,
+    });
+    assert.equal(res.status, "completed", JSON.stringify(res));
+    const value = JSON.parse(res.output_text);
+    assert.ok(checkAgainstSchema(schema, value).ok, res.output_text);
+    assert.equal(res.text.format.type, "json_schema");
+  }
+});
+
+serverTest(
+  "stateless: store true, previous_response_id, conversation, background and retrieval are refused",
+  async () => {
+    const base = { model: MODEL, input: "hi", max_output_tokens: 2 };
+    for (
+      const [field, value] of [["store", true], ["previous_response_id", "resp_1"], [
+        "conversation",
+        "conv_1",
+      ], [
+        "background",
+        true,
+      ]] as const
+    ) {
+      const res = await postJson(url, { ...base, [field]: value }, KEY);
+      assertApiError(res, 400, { param: field, code: "unsupported_value" });
+      assert.match(res.body.error.message, /stateless/);
+    }
+    // store false (what agent CLIs send) is fine.
+    assert.equal((await postJson(url, { ...base, store: false }, KEY)).status, 200);
+    const got = await fetch(`${server.url}/v1/responses/resp_123`, {
+      headers: { authorization: `Bearer ${KEY}` },
+    });
+    assertApiError({ status: got.status, body: await got.json() }, 404, { code: "not_found" });
+  },
+);
+
+serverTest("bad input is a 400 naming the Responses field, and the server keeps serving", async () => {
+  const cases: [Record<string, unknown>, string][] = [
+    [{ input: 5 }, "input"],
+    [{ input: [{ type: "computer_call" }] }, "input[0].type"],
+    [{ input: [{ type: "item_reference", id: "msg_1" }] }, "input[0].type"],
+    [
+      { input: [{ role: "user", content: [{ type: "input_image", image_url: "x" }] }] },
+      "input[0].content[0].type",
+    ],
+    [{ input: [{ role: "robot", content: "x" }] }, "input[0].role"],
+    [{
+      input: [{ role: "user", content: "x" }, { type: "function_call_output", call_id: "nope", output: "x" }],
+    }, "input[1].call_id"],
+    [
+      { input: [{ type: "function_call", call_id: "c1", name: "get_weather", arguments: "not json" }] },
+      "input[0].arguments",
+    ],
+    [{ tools: [{ type: "web_search" }] }, "tools[0].type"],
+    [{ tools: [{ type: "function", name: "bad name" }] }, "tools[0].name"],
+    [{ tools: [WEATHER], tool_choice: { type: "function", name: "other" } }, "tool_choice.name"],
+    [{ tool_choice: "required" }, "tool_choice"],
+    [
+      { text: { format: { type: "json_schema", name: "s", schema: { type: "string", format: "ipv6" } } } },
+      "text.format.schema",
+    ],
+    [{ max_output_tokens: 0 }, "max_output_tokens"],
+    [{ reasoning: { effort: "extreme" } }, "reasoning.effort"],
+  ];
+  for (const [patch, param] of cases) {
+    const res = await postJson(url, { model: MODEL, input: "hi", max_output_tokens: 2, ...patch }, KEY);
+    assertApiError(res, 400, { param });
+  }
+  assertApiError(await postJson(url, { model: "nope", input: "hi" }, KEY), 404);
+  assert.equal((await postJson(url, { model: MODEL, input: "hi", max_output_tokens: 2 }, KEY)).status, 200);
+});
+
+// The event writer on fake chunks (pure logic): item order, closing, and a failure mid-stream.
+function chunk(
+  delta: ChatChunk["choices"][0]["delta"],
+  finish: ChatChunk["choices"][0]["finish_reason"] = null,
+) {
+  return {
+    id: "chatcmpl-x",
+    object: "chat.completion.chunk" as const,
+    created: 0,
+    model: "m",
+    choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }],
+  };
+}
+const BASE = {
+  id: "resp_x",
+  object: "response" as const,
+  created_at: 0,
+  instructions: null,
+  max_output_tokens: null,
+  model: "m",
+  parallel_tool_calls: true,
+  previous_response_id: null,
+  reasoning: { effort: null, summary: null },
+  store: false as const,
+  temperature: null,
+  text: { format: { type: "text" } },
+  tool_choice: "auto",
+  tools: [],
+  top_p: null,
+  truncation: "disabled",
+  metadata: {},
+};
+
+Deno.test("stream events: reasoning, blank text, two calls; each item closed before the next opens", async () => {
+  async function* chunks(): AsyncGenerator<ChatChunk> {
+    yield chunk({ role: "assistant", content: "" });
+    yield chunk({ reasoning_content: "hm" });
+    yield chunk({ content: "\n\n" });
+    yield chunk({
+      tool_calls: [{ index: 0, id: "call_a", type: "function", function: { name: "f", arguments: "" } }],
+    });
+    yield chunk({ tool_calls: [{ index: 0, function: { arguments: '{"a":1}' } }] });
+    yield chunk({
+      tool_calls: [{ index: 1, id: "call_b", type: "function", function: { name: "g", arguments: "" } }],
+    });
+    yield chunk({ tool_calls: [{ index: 1, function: { arguments: "{}" } }] });
+    yield chunk({}, "tool_calls");
+  }
+  const events: Json[] = [];
+  for await (const e of streamEvents(BASE, chunks(), (e) => e)) events.push(e);
+  const types = events.map((e) => e.type);
+  assert.deepEqual(types, [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.reasoning_summary_part.added",
+    "response.reasoning_summary_text.delta",
+    "response.reasoning_summary_text.done",
+    "response.reasoning_summary_part.done",
+    "response.output_item.done",
+    "response.output_item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "response.output_item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "response.completed",
+  ]);
+  const final = events.at(-1).response;
+  assert.deepEqual(final.output.map((o: Json) => o.type), ["reasoning", "function_call", "function_call"]);
+  assert.deepEqual(final.output.slice(1).map((o: Json) => [o.call_id, o.arguments]), [["call_a", '{"a":1}'], [
+    "call_b",
+    "{}",
+  ]]);
+  // The added item is an empty shell; the done one is whole.
+  assert.deepEqual(events[2].item.summary, []);
+  assert.equal(events[7].item.summary[0].text, "hm");
+});
+
+Deno.test("stream events: an error mid-stream is response.failed, then an error event; nothing after", async () => {
+  async function* chunks(): AsyncGenerator<ChatChunk> {
+    yield chunk({ content: "par" });
+    throw new ApiError(500, "server_error", "The output did not satisfy the schema.", null, "invalid_output");
+  }
+  const events: Json[] = [];
+  for await (const e of streamEvents(BASE, chunks(), (e) => e)) events.push(e);
+  const types = events.map((e) => e.type);
+  assert.deepEqual(types.slice(-2), ["response.failed", "error"]);
+  assert.equal(events.at(-2).response.status, "failed");
+  assert.deepEqual(events.at(-2).response.error, {
+    code: "invalid_output",
+    message: "The output did not satisfy the schema.",
+  });
+  assert.equal(events.at(-1).code, "invalid_output");
+  events.forEach((e, i) => assert.equal(e.sequence_number, i));
+});

@@ -1,0 +1,694 @@
+/**
+ * Models served by upstream OpenAI-compatible servers (`backend: "openai"`): a gateway process in
+ * front of real vserve processes and fault-injecting stand-ins, all on loopback.
+ */
+import assert from "node:assert/strict";
+import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { standInVector, startStandIn } from "./helpers/standin.ts";
+import { base64ToFloat32, truncateAndNormalize } from "../src/services/vectors.ts";
+
+const KEY = "gw-key";
+const UP_KEY = "up-key";
+const user = [{ role: "user", content: "Say something" }];
+
+async function writeJson(value: unknown): Promise<string> {
+  const path = await Deno.makeTempFile({ suffix: ".json" });
+  await Deno.writeTextFile(path, JSON.stringify(value));
+  return path;
+}
+
+// ---- the upstreams: two vserve processes on the built-in tiny models, four stand-ins ----
+
+const upstreamRegistry = (embed: boolean) =>
+  writeJson({
+    models: [
+      { id: "vserve/tiny-chat", kind: "chat", source: "builtin:tiny-chat", contextSize: 4096, parallel: 4 },
+      ...(embed ? [{ id: "vserve/tiny-embed", kind: "embedding", source: "builtin:tiny-embed" }] : []),
+    ],
+  });
+const u2Args = ["--models", await upstreamRegistry(false), "--api-key", UP_KEY];
+const [u1, firstU2] = await Promise.all([
+  startServer(["--models", await upstreamRegistry(true), "--api-key", UP_KEY], { waitReady: true }),
+  startServer(u2Args, { waitReady: true }),
+]);
+let u2: TestServer = firstU2;
+const u2Port = new URL(u2.url).port;
+const [s1, s2, s3, s4] = [startStandIn(), startStandIn(), startStandIn(), startStandIn()];
+
+const fast = { connectTimeoutMs: 200, firstByteTimeoutMs: 400 };
+const gatewayRegistry = await writeJson({
+  models: [
+    {
+      id: "gw/chat",
+      aliases: ["gw-chat"],
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: `${u1.url}/v1`, key: UP_KEY, model: "vserve/tiny-chat", name: "vserve-1" }],
+    },
+    {
+      id: "gw/embed",
+      kind: "embedding",
+      backend: "openai",
+      upstreams: [{ url: u1.url, key: UP_KEY, model: "vserve/tiny-embed" }],
+      routing: { embeddingEncoding: "base64" },
+    },
+    {
+      id: "gw/embed-ignore",
+      kind: "embedding",
+      backend: "openai",
+      upstreams: [{ url: s1.url, model: "ok" }],
+    },
+    { id: "gw/think", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "think" }] },
+    { id: "gw/fail", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "fail500" }] },
+    ...["vllm400", "tei413", "fastapi422", "text400", "busy"].map((m) => ({
+      id: `gw/${m}`,
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: s1.url, model: m }],
+    })),
+    {
+      id: "gw/retry",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: s1.url, model: "hang", name: "hangs" }, {
+        url: s2.url,
+        model: "ok",
+        name: "answers",
+      }],
+      routing: { ...fast, failures: 100 },
+    },
+    { id: "gw/cut", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "cut" }] },
+    { id: "gw/slow", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "slow" }] },
+    {
+      id: "gw/spread",
+      kind: "chat",
+      backend: "openai",
+      parallel: 16,
+      upstreams: [{ url: s1.url, model: "delay" }, { url: s2.url, model: "delay" }],
+      routing: { affinityPrefixChars: 0 },
+    },
+    {
+      id: "gw/affinity",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: s1.url, model: "ok" }, { url: s2.url, model: "ok" }],
+      routing: { affinityPrefixChars: 200 },
+    },
+    {
+      id: "gw/eject",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: s2.url, model: "ok", name: "steady" }, { url: s3.url, model: "ok", name: "flaky" }],
+      routing: { ...fast, healthIntervalMs: 0, failures: 2, ejectMs: 300, maxEjectMs: 600 },
+    },
+    {
+      id: "gw/health",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: s4.url, model: "ok", name: "checked" }],
+      routing: { healthIntervalMs: 150 },
+    },
+    {
+      id: "gw/fleet",
+      kind: "chat",
+      backend: "openai",
+      parallel: 32,
+      upstreams: [
+        { url: u1.url, key: UP_KEY, model: "vserve/tiny-chat", name: "a" },
+        { url: u2.url, keyEnv: "UP_KEY", model: "vserve/tiny-chat", name: "b" },
+        { url: s2.url, model: "delay", name: "c" },
+      ],
+      routing: {
+        healthIntervalMs: 200,
+        failures: 2,
+        ejectMs: 300,
+        maxEjectMs: 1000,
+        firstByteTimeoutMs: 10_000,
+      },
+    },
+  ],
+});
+const gw = await startServer(["--models", gatewayRegistry, "--api-key", KEY], {
+  waitReady: true,
+  env: { UP_KEY },
+});
+globalThis.addEventListener("unload", () => {
+  for (const s of [gw, u1, u2]) void s.stop();
+  for (const s of [s1, s2, s3, s4]) void s.stop().catch(() => {});
+});
+
+const chatUrl = `${gw.url}/v1/chat/completions`;
+const post = (body: unknown, headers: Record<string, string> = {}) => postJson(chatUrl, body, KEY, headers);
+
+async function streamEvents(url: string, key: string, body: unknown): Promise<Json[]> {
+  const res = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+    body: JSON.stringify({ ...body as object, stream: true }),
+    signal: AbortSignal.timeout(30_000),
+  });
+  assert.equal(res.status, 200, await res.clone().text());
+  const text = await res.text();
+  return text.split("\n\n").filter((e) => e.startsWith("data: ")).map((e) => {
+    const data = e.slice(6);
+    return data === "[DONE]" ? "[DONE]" : JSON.parse(data);
+  });
+}
+
+async function until(what: string, check: () => Promise<boolean> | boolean, ms = 10_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+const health = async () => await (await fetch(`${gw.url}/health`)).json();
+const upstreamState = async (model: string, name: string) =>
+  (await health()).models.find((m: Json) => m.id === model).upstreams.find((u: Json) => u.name === name)
+    .state;
+const metrics = async () => await (await fetch(`${gw.url}/metrics`)).text();
+/** The value of one series of /metrics (0 when absent). */
+function series(text: string, name: string, labels: Record<string, string>): number {
+  const want = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
+  const line = text.split("\n").find((l) => l.startsWith(`${name}{`) && want.every((w) => l.includes(w)));
+  return line ? Number(line.split(" ").pop()) : 0;
+}
+
+// ---- pass-through ----
+
+const deterministic = { max_tokens: 12, temperature: 0, seed: 7, cache_prompt: false };
+
+serverTest(
+  "a chat model served by an upstream answers as the upstream does, under our model id",
+  async () => {
+    const body = { messages: user, ...deterministic };
+    const direct = await postJson(
+      `${u1.url}/v1/chat/completions`,
+      { ...body, model: "vserve/tiny-chat" },
+      UP_KEY,
+    );
+    const viaAlias = await post({ ...body, model: "gw-chat" });
+    const via = await post({ ...body, model: "gw/chat" });
+    assert.equal(direct.status, 200);
+    assert.equal(via.status, 200, JSON.stringify(via.body));
+    assert.equal(via.body.model, "gw/chat");
+    assert.equal(viaAlias.body.model, "gw-chat");
+    assert.match(via.body.id, /^chatcmpl-/);
+    assert.deepEqual(via.body.choices, direct.body.choices);
+    assert.equal(via.body.usage.prompt_tokens, direct.body.usage.prompt_tokens);
+    assert.equal(via.body.usage.completion_tokens, direct.body.usage.completion_tokens);
+  },
+);
+
+serverTest(
+  "streaming through the gateway gives the same chunks as direct, with one id and our model",
+  async () => {
+    const body = { messages: user, ...deterministic, stream_options: { include_usage: true } };
+    const direct = await streamEvents(`${u1.url}/v1/chat/completions`, UP_KEY, {
+      ...body,
+      model: "vserve/tiny-chat",
+    });
+    const via = await streamEvents(chatUrl, KEY, { ...body, model: "gw/chat" });
+    const shape = (events: Json[]) =>
+      events.map((e) =>
+        e === "[DONE]" ? e : {
+          choices: e.choices.map((c: Json) => ({ delta: c.delta, finish_reason: c.finish_reason })),
+          usage: e.usage && { prompt: e.usage.prompt_tokens, completion: e.usage.completion_tokens },
+        }
+      );
+    assert.deepEqual(shape(via), shape(direct));
+    assert.equal(via.at(-1), "[DONE]");
+    const chunks = via.slice(0, -1);
+    assert.equal(new Set(chunks.map((c) => c.id)).size, 1, "one id for the whole stream");
+    assert.ok(chunks.every((c) => c.model === "gw/chat"));
+    assert.equal(chunks[0].choices[0].delta.role, "assistant", "the role comes first");
+  },
+);
+
+serverTest("reasoning from an upstream is returned as both reasoning_content and reasoning", async () => {
+  const events = await streamEvents(chatUrl, KEY, { model: "gw/think", messages: user });
+  const delta = events.find((e) => e !== "[DONE]" && e.choices[0]?.delta.reasoning)?.choices[0].delta;
+  assert.deepEqual(delta, { reasoning_content: "Let me think.", reasoning: "Let me think." });
+  const whole = await post({ model: "gw/think", messages: user });
+  assert.equal(whole.body.choices[0].message.reasoning_content, "Let me think.");
+  assert.equal(whole.body.choices[0].message.reasoning, "Let me think.");
+  assert.equal(whole.body.choices[0].message.content, "Hello world");
+});
+
+serverTest("embeddings through the gateway equal direct ones, for dimensions and base64", async () => {
+  const input = ["hello", "hola"];
+  const url = `${gw.url}/v1/embeddings`;
+  for (const dimensions of [undefined, 32]) {
+    const direct = await postJson(`${u1.url}/v1/embeddings`, {
+      model: "vserve/tiny-embed",
+      input,
+      dimensions,
+    }, UP_KEY);
+    const via = await postJson(url, { model: "gw/embed", input, dimensions }, KEY);
+    const via64 = await postJson(
+      url,
+      { model: "gw/embed", input, dimensions, encoding_format: "base64" },
+      KEY,
+    );
+    assert.equal(via.status, 200, JSON.stringify(via.body));
+    assert.equal(via.body.model, "gw/embed");
+    assert.deepEqual(via.body.usage, direct.body.usage);
+    for (const i of [0, 1]) {
+      const want: number[] = direct.body.data[i].embedding;
+      const got: number[] = via.body.data[i].embedding;
+      assert.equal(got.length, dimensions ?? want.length);
+      got.forEach((x, k) => assert.ok(Math.abs(x - want[k]) < 1e-6, `component ${k}`));
+      assert.deepEqual([...base64ToFloat32(via64.body.data[i].embedding)], got);
+    }
+  }
+});
+
+serverTest("dimensions and base64 behave the same against an upstream that ignores dimensions", async () => {
+  const url = `${gw.url}/v1/embeddings`;
+  s1.requests.length = 0;
+  const res = await postJson(url, { model: "gw/embed-ignore", input: ["a", "b"], dimensions: 32 }, KEY);
+  assert.equal(res.status, 200, JSON.stringify(res.body));
+  for (const i of [0, 1]) {
+    const v: number[] = res.body.data[i].embedding;
+    assert.equal(v.length, 32);
+    const want = truncateAndNormalize(Float32Array.from(standInVector(i)), 32);
+    v.forEach((x, k) => assert.ok(Math.abs(x - want[k]) < 1e-6));
+    assert.ok(Math.abs(Math.hypot(...v) - 1) < 1e-5, "unit length");
+  }
+  assert.equal(s1.requests.at(-1)!.body.dimensions, undefined, "the full vector is asked for");
+  const b64 = await postJson(url, {
+    model: "gw/embed-ignore",
+    input: "a",
+    dimensions: 48,
+    encoding_format: "base64",
+  }, KEY);
+  const decoded = base64ToFloat32(b64.body.data[0].embedding);
+  assert.equal(decoded.length, 48);
+  assert.ok(Math.abs(Math.hypot(...decoded) - 1) < 1e-5);
+  const full = await postJson(url, { model: "gw/embed-ignore", input: "a" }, KEY);
+  assert.equal(full.body.data[0].embedding.length, 64, "the native size, normalised");
+  assert.ok(Math.abs(Math.hypot(...full.body.data[0].embedding) - 1) < 1e-5);
+  assertApiError(await postJson(url, { model: "gw/embed-ignore", input: "a", dimensions: 65 }, KEY), 400, {
+    param: "dimensions",
+  });
+  assertApiError(await postJson(url, { model: "gw/embed-ignore", input: "a", dimensions: 16 }, KEY), 400, {
+    param: "dimensions",
+  });
+  assertApiError(await postJson(url, { model: "gw/embed-ignore", input: ["a", ""] }, KEY), 400, {
+    param: "input[1]",
+  });
+});
+
+// ---- errors ----
+
+serverTest("an upstream 5xx is a 502 that names neither the upstream nor its details", async () => {
+  const res = await post({ model: "gw/fail", messages: user });
+  assertApiError(res, 502, { type: "server_error", code: "upstream_error" });
+  const text = JSON.stringify(res.body);
+  for (const secret of [String(s1.port), "127.0.0.1", "gpu-node", "CUDA", "fail500", "upstream-0"]) {
+    assert.ok(!text.includes(secret), `the body does not mention ${secret}: ${text}`);
+  }
+  assert.ok(
+    gw.logs.some((l) =>
+      l.includes('"model":"gw/fail"') && l.includes(`127.0.0.1:${s1.port}`) && l.includes("CUDA")
+    ),
+    "the log names the upstream and its answer",
+  );
+});
+
+serverTest("upstream error bodies of any shape become OpenAI errors with our model id", async () => {
+  const vllm = await post({ model: "gw/vllm400", messages: user });
+  assertApiError(vllm, 400, { type: "invalid_request_error", code: "context_length_exceeded" });
+  assert.match(vllm.body.error.message, /maximum context length is 10 tokens/);
+  assert.ok(!/(?<!gw\/)vllm400/.test(vllm.body.error.message), "the upstream's model name is replaced");
+  assert.ok(vllm.body.error.message.includes("gw/vllm400"));
+  assertApiError(await post({ model: "gw/tei413", messages: user }), 413, { type: "invalid_request_error" });
+  assertApiError(await post({ model: "gw/fastapi422", messages: user }), 400, { param: "messages[0].role" });
+  const text = await post({ model: "gw/text400", messages: user });
+  assertApiError(text, 400);
+  assert.match(text.body.error.message, /bad things happened/);
+  const busy = await post({ model: "gw/busy", messages: user });
+  assertApiError(busy, 429, { type: "rate_limit_error", code: "upstream_busy" });
+  assert.equal(busy.headers.get("retry-after"), "7");
+  // The streaming form fails before its first byte: a plain HTTP error too.
+  const res = await fetch(chatUrl, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: "gw/vllm400", messages: user, stream: true }),
+  });
+  assert.equal(res.status, 400);
+  await res.body?.cancel();
+});
+
+serverTest("a request that fails before its first byte is retried once on another upstream", async () => {
+  s1.requests.length = 0;
+  const before = series(await metrics(), "vserve_upstream_retries_total", { model: "gw/retry" });
+  const results = [
+    await post({ model: "gw/retry", messages: user }),
+    await post({ model: "gw/retry", messages: user }),
+  ];
+  for (const r of results) assert.equal(r.status, 200, JSON.stringify(r.body));
+  const streamed = await streamEvents(chatUrl, KEY, { model: "gw/retry", messages: user });
+  assert.equal(streamed.at(-1), "[DONE]");
+  assert.ok(!streamed.some((e) => e.error), "no error event");
+  const hung = s1.requests.filter((r) => r.model === "hang");
+  assert.ok(hung.length >= 2, `the hanging upstream was tried (${hung.length})`);
+  await until("the hanging requests were aborted", () => hung.every((r) => r.aborted), 2000);
+  const after = series(await metrics(), "vserve_upstream_retries_total", { model: "gw/retry" });
+  assert.ok(after - before >= 2, `retries counted: ${before} → ${after}`);
+});
+
+serverTest("a failure after the first byte ends the stream with an error event and [DONE]", async () => {
+  const events = await streamEvents(chatUrl, KEY, { model: "gw/cut", messages: user });
+  assert.equal(events.at(-1), "[DONE]");
+  const error = events.at(-2);
+  assert.equal(error.error.code, "upstream_error");
+  assert.equal(error.error.type, "server_error");
+  assert.equal(events[0].choices[0].delta.role, "assistant");
+  assert.ok(events.some((e) => e.choices?.[0]?.delta.content === "Hello"), "what came before is kept");
+  // Without streaming nothing was sent yet: a plain 502 (after the one retry, here on the same pool).
+  assertApiError(await post({ model: "gw/cut", messages: user }), 502, { code: "upstream_error" });
+});
+
+serverTest("a client disconnect cancels the upstream request at once", async () => {
+  s1.requests.length = 0;
+  const controller = new AbortController();
+  const res = await fetch(chatUrl, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: "gw/slow", messages: user, stream: true }),
+    signal: controller.signal,
+  });
+  const reader = res.body!.getReader();
+  for (let got = 0; got < 3;) if ((await reader.read()).value) got++;
+  controller.abort();
+  await reader.cancel().catch(() => {});
+  await until("the upstream saw the stream's abort", () => s1.requests.at(-1)?.aborted === true, 2000);
+
+  const again = new AbortController();
+  const pending = fetch(chatUrl, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ model: "gw/slow", messages: user }),
+    signal: again.signal,
+  }).catch(() => null);
+  await until("the upstream got the request", () => s1.requests.length === 2, 2000);
+  again.abort();
+  await pending;
+  await until("the upstream saw the non-streamed request's abort", () => s1.requests[1].aborted, 2000);
+  await until(
+    "the in-flight gauge is back to 0",
+    async () => series(await metrics(), "vserve_upstream_in_flight", { model: "gw/slow" }) === 0,
+    2000,
+  );
+});
+
+// ---- routing ----
+
+serverTest("least-outstanding routing spreads concurrent requests evenly", async () => {
+  s1.requests.length = 0;
+  s2.requests.length = 0;
+  const results = await Promise.all(
+    Array.from({ length: 10 }, () => post({ model: "gw/spread", messages: user })),
+  );
+  assert.deepEqual(results.map((r) => r.status), Array(10).fill(200));
+  const spread = [s1, s2].map((s) => s.requests.filter((r) => r.model === "delay").length);
+  console.log(`least-outstanding spread of 10 concurrent requests over 2 upstreams: ${spread.join(" / ")}`);
+  assert.ok(Math.abs(spread[0] - spread[1]) <= 1, `spread ${spread}`);
+});
+
+serverTest("prefix affinity keeps each conversation on one upstream and spreads different ones", async () => {
+  s1.requests.length = 0;
+  s2.requests.length = 0;
+  const conversations = 12;
+  for (let turn = 0; turn < 3; turn++) {
+    for (let c = 0; c < conversations; c++) {
+      const messages: Json[] = [{
+        role: "system",
+        content: `Conversation ${c}. ${"You are a helpful agent. ".repeat(10)}`,
+      }];
+      for (let t = 0; t <= turn; t++) {
+        messages.push({ role: "user", content: `question ${t}` });
+        if (t < turn) messages.push({ role: "assistant", content: "Hello world" });
+      }
+      assert.equal((await post({ model: "gw/affinity", messages })).status, 200);
+    }
+  }
+  const where = new Map<string, Set<number>>();
+  [s1, s2].forEach((s, i) => {
+    for (const r of s.requests) {
+      const key = r.body.messages[0].content.split(".")[0];
+      where.set(key, (where.get(key) ?? new Set()).add(i));
+    }
+  });
+  assert.equal(where.size, conversations);
+  for (const [key, upstreams] of where) assert.equal(upstreams.size, 1, `${key} stayed on one upstream`);
+  const perUpstream = [0, 1].map((i) => [...where.values()].filter((s) => s.has(i)).length);
+  console.log(
+    `prefix affinity: ${conversations} conversations × 3 turns → ${perUpstream.join(" / ")} conversations`,
+  );
+  assert.ok(perUpstream.every((n) => n > 0), `different conversations spread: ${perUpstream}`);
+});
+
+serverTest(
+  "an upstream that fails in a row is ejected, probed after its back-off, and comes back",
+  async () => {
+    await s3.stop();
+    for (let i = 0; i < 6; i++) {
+      const r = await post({ model: "gw/eject", messages: user });
+      assert.equal(r.status, 200, "retried on the steady upstream");
+    }
+    assert.equal(await upstreamState("gw/eject", "flaky"), "ejected");
+    const text = await metrics();
+    assert.ok(series(text, "vserve_upstream_ejections_total", { model: "gw/eject", upstream: "flaky" }) >= 1);
+    assert.equal(series(text, "vserve_upstream_state", { model: "gw/eject", upstream: "flaky" }), -2);
+    assert.ok(
+      gw.logs.some((l) => l.includes('"msg":"upstream ejected"') && l.includes('"upstream":"flaky"')),
+    );
+    s3.requests.length = 0;
+    s3.restart();
+    await until(
+      "the flaky upstream is back",
+      async () => await upstreamState("gw/eject", "flaky") === "healthy",
+      5000,
+    );
+    for (let i = 0; i < 4; i++) {
+      assert.equal((await post({ model: "gw/eject", messages: user })).status, 200);
+    }
+    assert.ok(s3.requests.length > 0, "it takes requests again");
+  },
+);
+
+serverTest(
+  "a failing health check takes an upstream out; /health/ready, /v1/models and /metrics say so",
+  async () => {
+    s4.healthy = false;
+    try {
+      await until(
+        "the upstream is unhealthy",
+        async () => await upstreamState("gw/health", "checked") === "unhealthy",
+      );
+      const ready = await fetch(`${gw.url}/health/ready`);
+      assert.equal(ready.status, 503);
+      await ready.body?.cancel();
+      const models =
+        await (await fetch(`${gw.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } })).json();
+      assert.deepEqual(
+        models.data.find((m: Json) => m.id === "gw/health").upstreams,
+        [{ name: "checked", state: "unhealthy" }],
+      );
+      assert.equal(series(await metrics(), "vserve_upstream_state", { model: "gw/health" }), -1);
+      assertApiError(await post({ model: "gw/health", messages: user }), 503, {
+        code: "no_upstream_available",
+      });
+    } finally {
+      s4.healthy = true;
+    }
+    await until("ready again", async () => {
+      const r = await fetch(`${gw.url}/health/ready`);
+      await r.body?.cancel();
+      return r.status === 200;
+    });
+    assert.equal((await post({ model: "gw/health", messages: user })).status, 200);
+  },
+);
+
+serverTest(
+  "200 requests over 3 upstreams while one is killed and restarted: every one gets an answer",
+  async () => {
+    const total = 200;
+    const outcomes: string[] = [];
+    let next = 0;
+    let killed = false;
+    let restarting: Promise<void> | undefined;
+    const one = async (i: number) => {
+      const body = {
+        model: "gw/fleet",
+        messages: [{ role: "user", content: `request ${i}` }],
+        max_tokens: 6,
+      };
+      if (i % 2 === 0) {
+        const r = await postJson(chatUrl, body, KEY, {}, undefined);
+        return r.status === 200 || r.status === 429
+          ? String(r.status)
+          : `bad ${r.status} ${JSON.stringify(r.body)}`;
+      }
+      const events = await streamEvents(chatUrl, KEY, body);
+      if (events.at(-1) !== "[DONE]") return "stream without [DONE]";
+      return events.some((e) => e.error) ? "error event" : "200";
+    };
+    const worker = async () => {
+      while (next < total) {
+        const i = next++;
+        if (i === 40 && !killed) {
+          killed = true;
+          u2.signal("SIGKILL");
+        }
+        if (i === 110 && !restarting) {
+          restarting = startServer([...u2Args, "--port", u2Port], { waitReady: true }).then((s) =>
+            void (u2 = s)
+          );
+        }
+        const outcome = await Promise.race([
+          one(i),
+          new Promise<string>((r) => setTimeout(() => r("hung"), 30_000)),
+        ]);
+        outcomes.push(outcome);
+      }
+    };
+    await Promise.all(Array.from({ length: 12 }, worker));
+    await restarting;
+    const counts = Object.fromEntries(
+      [...new Set(outcomes)].map((o) => [o, outcomes.filter((x) => x === o).length]),
+    );
+    assert.equal(outcomes.length, total);
+    assert.ok(
+      outcomes.every((o) => o === "200" || o === "429" || o === "error event"),
+      JSON.stringify(counts),
+    );
+    assert.ok(
+      gw.logs.some((l) =>
+        /"upstream ejected"|"upstream health check failed"/.test(l) && l.includes('"upstream":"b"')
+      ),
+      "the killed upstream was taken out",
+    );
+    await until(
+      "the killed upstream is back",
+      async () => await upstreamState("gw/fleet", "b") === "healthy",
+      20_000,
+    );
+    const before = series(await metrics(), "vserve_upstream_requests_total", {
+      model: "gw/fleet",
+      upstream: "b",
+      outcome: "ok",
+    });
+    await Promise.all(
+      Array.from(
+        { length: 9 },
+        (_, i) => post({ model: "gw/fleet", messages: user, max_tokens: 4, seed: i }),
+      ),
+    );
+    const text = await metrics();
+    const after = series(text, "vserve_upstream_requests_total", {
+      model: "gw/fleet",
+      upstream: "b",
+      outcome: "ok",
+    });
+    assert.ok(after > before, "the restarted upstream serves again");
+    const spread = ["a", "b", "c"].map((u) =>
+      `${u}: ${
+        series(text, "vserve_upstream_requests_total", { model: "gw/fleet", upstream: u, outcome: "ok" })
+      } ok, ${
+        series(text, "vserve_upstream_requests_total", { model: "gw/fleet", upstream: u, outcome: "failed" })
+      } failed`
+    );
+    console.log(`kill/restart run: ${JSON.stringify(counts)}; per upstream: ${spread.join("; ")}`);
+  },
+);
+
+// ---- operations and the rest of the surface ----
+
+serverTest("/v1/models and /metrics report each upstream", async () => {
+  const models = await (await fetch(`${gw.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } }))
+    .json();
+  const chat = models.data.find((m: Json) => m.id === "gw/chat");
+  assert.deepEqual(chat.upstreams, [{ name: "vserve-1", state: "healthy" }]);
+  const h = await health();
+  const entry = h.models.find((m: Json) => m.id === "gw/chat");
+  assert.equal(entry.backend, "openai");
+  assert.deepEqual(entry.upstreams, [{ name: "vserve-1", state: "healthy", in_flight: 0, failures: 0 }]);
+  const text = await metrics();
+  assert.ok(
+    series(text, "vserve_upstream_requests_total", {
+      model: "gw/chat",
+      upstream: "vserve-1",
+      outcome: "ok",
+    }) >= 2,
+  );
+  assert.ok(
+    text.includes('vserve_upstream_first_byte_seconds_bucket{model="gw/chat",upstream="vserve-1",le="0.5"}'),
+  );
+  assert.ok(
+    text.includes('vserve_upstream_request_duration_seconds_count{model="gw/chat",upstream="vserve-1"}'),
+  );
+  assert.ok(text.includes('vserve_upstream_in_flight{model="gw/chat",upstream="vserve-1"} 0'));
+  assert.ok(!text.includes(u1.url), "no upstream URL in the metrics");
+});
+
+serverTest(
+  "the upstream gets our request id, its own model name, and the gateway's rules apply first",
+  async () => {
+    s1.requests.length = 0;
+    await post({ model: "gw/think", messages: user }, { "x-request-id": "trace-123" });
+    assert.equal(s1.requests.at(-1)!.headers.get("x-request-id"), "trace-123");
+    assert.equal(s1.requests.at(-1)!.model, "think");
+    assertApiError(await postJson(chatUrl, { model: "gw/think", messages: user }, null), 401);
+    assertApiError(await post({ model: "gw/think", messages: [] }), 400, { param: "messages" });
+    assertApiError(await post({ model: "gw/think", messages: user, temperature: 9 }), 400, {
+      param: "temperature",
+    });
+    assert.equal(s1.requests.length, 1, "invalid requests never reach the upstream");
+  },
+);
+
+serverTest("tokenize and legacy completions answer 400 for a model served by upstreams", async () => {
+  assertApiError(await postJson(`${gw.url}/tokenize`, { model: "gw/chat", content: "hi" }, KEY), 400, {
+    code: "unsupported_for_upstream_model",
+  });
+  assertApiError(await postJson(`${gw.url}/v1/completions`, { model: "gw/chat", prompt: "hi" }, KEY), 400, {
+    code: "unsupported_for_upstream_model",
+  });
+});
+
+serverTest("SIGTERM lets an upstream stream finish", async () => {
+  const registry = await writeJson({
+    models: [{
+      id: "gw/slowish",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: s1.url, model: "slowish" }],
+    }],
+  });
+  const own = await startServer(["--models", registry], { waitReady: true });
+  try {
+    const res = await fetch(`${own.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "gw/slowish", messages: user, stream: true }),
+    });
+    const reader = res.body!.getReader();
+    await reader.read();
+    own.signal("SIGTERM");
+    let text = "";
+    const dec = new TextDecoder();
+    for (let r = await reader.read(); !r.done; r = await reader.read()) text += dec.decode(r.value);
+    assert.ok(text.trimEnd().endsWith("data: [DONE]"));
+    assert.ok(!text.includes('"error"'), "the stream finished normally");
+    assert.ok(text.includes('"20 "'), "every chunk arrived");
+    assert.equal(await own.exited, 0);
+  } finally {
+    await own.stop();
+  }
+});
