@@ -379,16 +379,29 @@ async function run(cmd: string, args: string[]): Promise<{ stdout: string }> {
   return { stdout: td.decode(out.stdout) };
 }
 
+/** The ggml CPU variant node-llama-cpp loads on this machine (e.g. haswell), or native if unknown. */
+export async function loadedCpuVariant(): Promise<string> {
+  const { llamaRuntime } = await import("../src/engines/llama/runtime.ts");
+  await llamaRuntime("cpu", { debug() {}, info() {}, warn() {}, error() {} });
+  const maps = await Deno.readTextFile("/proc/self/maps").catch(() => "");
+  return maps.match(/libggml-cpu-([\w.]+)\.so/)?.[1] ?? "native";
+}
+
 if (import.meta.main) {
   const { values } = parseArgs({
     args: Deno.args,
-    options: { cache: { type: "string" }, cpu: { type: "string", default: "native" } },
+    options: { cache: { type: "string" }, cpu: { type: "string", default: "same" } },
   });
   const log = (msg: string) =>
     console.error(`[llama-server ${new Date().toISOString().slice(11, 19)}] ${msg}`);
   try {
     console.log(
-      await ensureLlamaServer(cacheRoot(values.cache, Deno.env.toObject()), log, undefined, values.cpu),
+      await ensureLlamaServer(
+        cacheRoot(values.cache, Deno.env.toObject()),
+        log,
+        undefined,
+        values.cpu === "same" ? await loadedCpuVariant() : values.cpu,
+      ),
     );
   } catch (e) {
     console.error((e as Error).message);

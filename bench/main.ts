@@ -19,7 +19,7 @@ import {
   sentences,
   type StreamTiming,
 } from "./workload.ts";
-import { cacheRoot, ensureLlamaServer } from "./llama_server_build.ts";
+import { cacheRoot, ensureLlamaServer, loadedCpuVariant } from "./llama_server_build.ts";
 import {
   chatServerArgs,
   embeddingServerArgs,
@@ -309,14 +309,6 @@ try {
 }
 await cleanUp();
 Deno.exit(0);
-
-/** The ggml CPU variant node-llama-cpp loads on this machine (e.g. haswell), or native if unknown. */
-async function loadedCpuVariant(): Promise<string> {
-  const { llamaRuntime } = await import("../src/engines/llama/runtime.ts");
-  await llamaRuntime("cpu", silentLogger);
-  const maps = await Deno.readTextFile("/proc/self/maps").catch(() => "");
-  return maps.match(/libggml-cpu-([\w.]+)\.so/)?.[1] ?? "native";
-}
 
 // ---- measuring ----
 

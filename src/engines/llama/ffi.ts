@@ -16,6 +16,7 @@ export const MODEL_PARAMS = {
   nGpuLayers: 16,
   splitMode: 20,
   mainGpu: 32,
+  vocabOnly: 72,
   checkTensors: 73,
   useExtraBufts: 74,
 } as const;
@@ -254,10 +255,12 @@ function loadedLibraryPath(): string {
  * build fails loudly at start instead of corrupting memory.
  */
 function checkLayouts(s: LlamaSymbols): void {
-  const model = new DataView(s.llama_model_default_params().buffer);
+  const modelBytes = s.llama_model_default_params();
+  const model = new DataView(modelBytes.buffer);
   const ctx = s.llama_context_default_params();
   const view = new DataView(ctx.buffer);
   const ok = model.byteLength === MODEL_PARAMS.size && model.getInt32(MODEL_PARAMS.nGpuLayers, true) === -1 &&
+    modelBytes[MODEL_PARAMS.vocabOnly] === 0 && modelBytes[MODEL_PARAMS.useExtraBufts] === 1 &&
     ctx.byteLength === CONTEXT_PARAMS.size && view.getUint32(CONTEXT_PARAMS.nCtx, true) === 512 &&
     view.getUint32(CONTEXT_PARAMS.nBatch, true) === 2048 &&
     view.getUint32(CONTEXT_PARAMS.nSeqMax, true) === 1 &&

@@ -52,11 +52,31 @@ export class NativeModel {
    * ```
    */
   static async load(lib: LlamaLibrary, path: string, gpuLayers: number): Promise<NativeModel> {
-    const params = lib.symbols.llama_model_default_params();
+    const s = lib.symbols;
+    const params = s.llama_model_default_params();
     new DataView(params.buffer).setInt32(MODEL_PARAMS.nGpuLayers, gpuLayers, true);
-    const ptr = await lib.symbols.llama_model_load_from_file(cString(path), params);
+    // Recurrent and hybrid models keep their weights in plain CPU buffers: the CPU backend's extra
+    // (repacked) buffer types of the llama.cpp node-llama-cpp 3.21.1 ships give wrong results for them
+    // (AMX: a matmul over several sequences reads the weights of the first one at a wrong offset,
+    // and results change with the micro-batch size). The architecture is read first, vocabulary only.
+    if (await NativeModel.#isRecurrent(lib, path)) params[MODEL_PARAMS.useExtraBufts] = 0;
+    const ptr = await s.llama_model_load_from_file(cString(path), params);
     if (!ptr) throw new Error(`llama.cpp could not load '${path}' (the log above says why)`);
     return new NativeModel(lib, ptr, path);
+  }
+
+  /** Whether the GGUF at `path` has recurrent or hybrid memory (loads its vocabulary only). */
+  static async #isRecurrent(lib: LlamaLibrary, path: string): Promise<boolean> {
+    const s = lib.symbols;
+    const params = s.llama_model_default_params();
+    params[MODEL_PARAMS.vocabOnly] = 1;
+    const ptr = await s.llama_model_load_from_file(cString(path), params);
+    if (!ptr) return false; // the full load reports the reason
+    try {
+      return s.llama_model_is_recurrent(ptr) || s.llama_model_is_hybrid(ptr);
+    } finally {
+      s.llama_model_free(ptr);
+    }
   }
 
   /** A metadata value as text, or undefined. */
