@@ -14,6 +14,7 @@ import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
 import { EngineInputError } from "../src/engines/types.ts";
 import { resolveSource } from "../src/models/sources.ts";
 import { silentLogger } from "../src/log.ts";
+import { checkAgainstSchema } from "../src/services/schema_check.ts";
 
 await llamaRuntime("cpu", silentLogger);
 const lib = openLlamaLibrary();
@@ -297,4 +298,264 @@ Deno.test("json schema: keywords left to the output check are collected, not ref
   g.schema({ type: "array", items: { type: "string" }, uniqueItems: true }, "response_format", "out");
   g.schema({ not: { type: "null" } }, "response_format", "out2");
   assert.deepEqual([...g.validated].sort(), ["not", "uniqueItems"]);
+});
+
+/** The keywords a schema leaves to the output check (none: the grammar enforces all of it). */
+function leftToCheck(schema: unknown): string[] {
+  const g = new JsonGrammar();
+  g.schema(schema, "response_format", "out");
+  return [...g.validated].sort();
+}
+
+Deno.test("json schema: date and time formats", () => {
+  const date = schemaGrammar({ type: "string", format: "date" });
+  for (const ok of ['"2026-02-28"', '"1999-12-31"', '"2000-01-01"']) assert.ok(accepts(date, ok), ok);
+  for (
+    const bad of ['"2026-13-01"', '"2026-00-10"', '"2026-02-32"', '"26-02-28"', '"2026-2-28"', '"today"']
+  ) {
+    assert.ok(!accepts(date, bad), bad);
+  }
+  const time = schemaGrammar({ type: "string", format: "time" });
+  for (const ok of ['"23:59:59Z"', '"08:30:00+02:00"', '"00:00:00.123456-11:30"']) {
+    assert.ok(accepts(time, ok), ok);
+  }
+  for (const bad of ['"24:00:00Z"', '"12:60:00Z"', '"12:00:00"', '"12:00Z"', '"12:00:00+2:00"', '"noon"']) {
+    assert.ok(!accepts(time, bad), bad);
+  }
+  assert.deepEqual(leftToCheck({ type: "string", format: "date" }), []);
+  assert.deepEqual(leftToCheck({ type: "string", format: "time" }), []);
+});
+
+// pydantic v2's discriminated union: the alternatives are $refs, told apart by a const tag.
+const payment = {
+  $defs: {
+    Card: {
+      type: "object",
+      properties: {
+        method: { const: "card", type: "string" },
+        last4: { type: "string", pattern: "^\\d{4}$" },
+      },
+      required: ["method", "last4"],
+    },
+    PayPal: {
+      type: "object",
+      properties: { method: { const: "paypal", type: "string" }, account: { type: "string" } },
+      required: ["method", "account"],
+    },
+  },
+  oneOf: [{ $ref: "#/$defs/Card" }, { $ref: "#/$defs/PayPal" }],
+  discriminator: { propertyName: "method", mapping: { card: "#/$defs/Card", paypal: "#/$defs/PayPal" } },
+};
+
+Deno.test("json schema: oneOf with const discriminators behind $refs is enforced by the grammar", () => {
+  assert.deepEqual(leftToCheck(payment), [], "no output check needed: the tags keep the alternatives apart");
+  const g = schemaGrammar(payment);
+  assert.ok(accepts(g, '{"method": "card", "last4": "1234"}'));
+  assert.ok(accepts(g, '{"method": "paypal", "account": "ann"}'));
+  for (
+    const bad of [
+      '{"method": "card", "account": "ann"}',
+      '{"method": "paypal", "last4": "1234"}',
+      '{"method": "cash", "last4": "1234"}',
+      '{"last4": "1234"}',
+      '{"method": "card", "last4": "12345"}',
+    ]
+  ) assert.ok(!accepts(g, bad), bad);
+  // Inline alternatives and enum tags are told apart the same way.
+  const inline = {
+    oneOf: [
+      {
+        type: "object",
+        properties: { kind: { enum: ["a", "b"] }, x: { type: "integer" } },
+        required: ["kind", "x"],
+      },
+      {
+        type: "object",
+        properties: { kind: { const: "c" }, y: { type: "string" } },
+        required: ["kind", "y"],
+      },
+    ],
+  };
+  assert.deepEqual(leftToCheck(inline), []);
+  const ig = schemaGrammar(inline);
+  assert.ok(accepts(ig, '{"kind": "b", "x": 1}') && accepts(ig, '{"kind": "c", "y": "z"}'));
+  assert.ok(!accepts(ig, '{"kind": "c", "x": 1}') && !accepts(ig, '{"kind": "a", "y": "z"}'));
+});
+
+Deno.test("json schema: a oneOf whose alternatives may overlap is left to the output check", () => {
+  const untagged = { oneOf: [{ type: "integer" }, { type: "number", minimum: 0 }] };
+  assert.deepEqual(leftToCheck(untagged), ["oneOf"]);
+  // A tag that may be left out does not keep the alternatives apart: {} matches both.
+  const optional = {
+    oneOf: [
+      { type: "object", properties: { kind: { const: "a" } } },
+      { type: "object", properties: { kind: { const: "b" } } },
+    ],
+  };
+  assert.deepEqual(leftToCheck(optional), ["oneOf"]);
+  const shared = {
+    oneOf: [
+      { type: "object", properties: { kind: { enum: ["a", "b"] } }, required: ["kind"] },
+      { type: "object", properties: { kind: { enum: ["b", "c"] } }, required: ["kind"] },
+    ],
+  };
+  assert.deepEqual(leftToCheck(shared), ["oneOf"]);
+});
+
+Deno.test("json schema: multipleOf between bounds, for integers", () => {
+  const s = { type: "integer", minimum: 0, maximum: 100, multipleOf: 5 };
+  assert.deepEqual(leftToCheck(s), []);
+  const g = schemaGrammar(s);
+  for (const ok of ["0", "5", "35", "95", "100"]) assert.ok(accepts(g, ok), ok);
+  for (const bad of ["-5", "3", "101", "105", "1000", "05"]) assert.ok(!accepts(g, bad), bad);
+  const neg = schemaGrammar({ type: "integer", exclusiveMinimum: -21, maximum: -3, multipleOf: 4 });
+  for (const ok of ["-4", "-8", "-20"]) assert.ok(accepts(neg, ok), ok);
+  for (const bad of ["-24", "-3", "-2", "0", "4", "-0"]) assert.ok(!accepts(neg, bad), bad);
+  // zod's z.number().int().multipleOf(3): the safe-integer bounds and the step at once.
+  const zod = { type: "integer", minimum: -9007199254740991, maximum: 9007199254740991, multipleOf: 3 };
+  assert.deepEqual(leftToCheck(zod), []);
+  const z = schemaGrammar(zod);
+  for (const ok of ["0", "-3", "9007199254740990", "123456"]) assert.ok(accepts(z, ok), ok);
+  for (const bad of ["9007199254740991", "9007199254740993", "1", "-100"]) assert.ok(!accepts(z, bad), bad);
+  assert.throws(
+    () => schemaGrammar({ type: "integer", minimum: 11, maximum: 14, multipleOf: 5 }),
+    (e: Error) => e instanceof EngineInputError && /multiple of 5/.test(e.message),
+  );
+  // A fractional step is checked after.
+  assert.deepEqual(leftToCheck({ type: "number", minimum: 0, maximum: 1, multipleOf: 0.25 }), ["multipleOf"]);
+});
+
+Deno.test("json schema: minLength/maxLength next to a pattern or a format, and format with pattern", () => {
+  const s = { type: "string", pattern: "^[a-z]+$", minLength: 2, maxLength: 4 };
+  assert.deepEqual(leftToCheck(s), []);
+  const g = schemaGrammar(s);
+  for (const ok of ['"ab"', '"abcd"']) assert.ok(accepts(g, ok), ok);
+  for (const bad of ['"a"', '"abcde"', '"AB"']) assert.ok(!accepts(g, bad), bad);
+  const email = { type: "string", format: "email", maxLength: 12 };
+  assert.deepEqual(leftToCheck(email), []);
+  const e = schemaGrammar(email);
+  assert.ok(accepts(e, '"ann@ex.com"'));
+  assert.ok(!accepts(e, '"annabel@example.com"') && !accepts(e, '"no-at-sign"'));
+  // pydantic's constr(min_length=4, max_length=4, pattern=...) and zod's .length(4).
+  const last4 = { type: "string", pattern: "^\\d+$", minLength: 4, maxLength: 4 };
+  const l = schemaGrammar(last4);
+  assert.ok(accepts(l, '"0042"') && !accepts(l, '"123"') && !accepts(l, '"12345"'));
+  // A format beside a pattern: strings must satisfy both.
+  const dated = { type: "string", format: "date", pattern: "^2026-" };
+  assert.deepEqual(leftToCheck(dated), []);
+  const d = schemaGrammar(dated);
+  assert.ok(accepts(d, '"2026-03-01"'));
+  for (const bad of ['"2025-03-01"', '"2026-13-01"', '"2026-"']) assert.ok(!accepts(d, bad), bad);
+  // Lengths an automaton cannot hold beside a pattern are left to the output check.
+  assert.deepEqual(leftToCheck({ type: "string", pattern: "^[a-z]+$", maxLength: 100_000 }), [
+    "minLength/maxLength",
+  ]);
+});
+
+Deno.test("json schema: minProperties/maxProperties over declared properties are counted by the grammar", () => {
+  const s = {
+    type: "object",
+    properties: { a: { type: "integer" }, b: { type: "integer" }, c: { type: "integer" } },
+    required: ["a"],
+    minProperties: 2,
+    maxProperties: 2,
+  };
+  assert.deepEqual(leftToCheck(s), []);
+  const g = schemaGrammar(s);
+  for (const ok of ['{"a": 1, "b": 2}', '{"a": 1, "c": 3}']) assert.ok(accepts(g, ok), ok);
+  for (const bad of ['{"a": 1}', '{"a": 1, "b": 2, "c": 3}', '{"b": 2, "c": 3}', "{}"]) {
+    assert.ok(!accepts(g, bad), bad);
+  }
+  const atMost = { type: "object", additionalProperties: { type: "integer" }, maxProperties: 2 };
+  assert.deepEqual(leftToCheck(atMost), [], "repeated keys only lower the count");
+  assert.deepEqual(
+    leftToCheck({ ...atMost, minProperties: 2 }),
+    ["minProperties"],
+    "distinct keys are checked",
+  );
+  assert.throws(
+    () => schemaGrammar({ type: "object", properties: { a: { type: "integer" } }, minProperties: 2 }),
+    (e: Error) => e instanceof EngineInputError && e.message.includes("minProperties"),
+  );
+});
+
+Deno.test("json schema: what the output check could not compile is refused naming the keyword; the check fails closed", () => {
+  for (
+    const [schema, keyword] of [
+      [{ type: "string", pattern: "^a\\-b$" }, "pattern"],
+      [{ type: "string", minLength: "x" }, "minLength"],
+      [{ type: "object", required: "a" }, "required"],
+      [{ type: "integer", minimum: "3" }, "minimum"],
+      [{ type: "array", items: { type: "string" }, uniqueItems: "yes" }, "uniqueItems"],
+      [{ not: { type: "strin" } }, "type"],
+      [{ not: { pattern: "[" } }, "pattern"],
+      [{ type: "object", patternProperties: { "[": {} } }, "patternProperties"],
+      [{ type: "object", propertyNames: { pattern: "(" } }, "pattern"],
+      [{ type: "object", dependentRequired: { a: "b" } }, "dependentRequired"],
+      [{ if: { $ref: "#/$defs/nowhere" }, then: { type: "string" } }, "$ref"],
+    ] as const
+  ) {
+    assert.throws(
+      () => new JsonGrammar().schema(schema, "response_format.json_schema.schema", "out"),
+      (e: Error) =>
+        e instanceof EngineInputError && e.message.includes(keyword) &&
+        e.param === "response_format.json_schema.schema",
+      JSON.stringify(schema),
+    );
+    const check = checkAgainstSchema(schema, "x");
+    assert.equal(
+      check.ok,
+      false,
+      `the check vouches for nothing it cannot compile: ${JSON.stringify(schema)}`,
+    );
+  }
+});
+
+Deno.test("json schema: a format beside a pattern allows only what the output check's format test passes", () => {
+  const samples: Record<string, string[]> = {
+    date: ["2026-02-28", "2026-02-30", "2026-13-01", "x"],
+    time: ["10:00:00Z", "10:00:60z", "10:00:00.5+01:00", "25:00:00Z", "10:00"],
+    "date-time": ["2026-01-01T10:00:00Z", "2026-01-01 10:00:00z", "2026-01-01T10:00:00"],
+    uuid: ["123e4567-e89b-12d3-a456-426614174000", "123e4567e89b12d3a456426614174000"],
+    email: ["a@b.c", "a b@c.d", "a@b", "@b.c"],
+    hostname: ["example.com", "-bad.com", "a..b"],
+    ipv4: ["10.0.0.1", "256.0.0.1", "1.2.3"],
+    uri: ["https://x.y/z", "mailto:a@b", "no scheme", "1http://x"],
+  };
+  for (const [format, strings] of Object.entries(samples)) {
+    // An unanchored pattern any non-empty string matches: the grammar is the format's test alone.
+    const g = schemaGrammar({ type: "string", format, pattern: "." });
+    for (const text of strings) {
+      const valid = checkAgainstSchema({ type: "string", format }, text).ok;
+      assert.equal(accepts(g, JSON.stringify(text)), valid, `${format}: ${text}`);
+    }
+  }
+});
+
+Deno.test("xml dialect grammar: string parameters keep their pattern, format, lengths and alternatives", () => {
+  const g = new JsonGrammar();
+  const gbnf = g.rules.text(`root ::= ${
+    xmlDialect.callRule(
+      g,
+      {
+        name: "f",
+        parameters: {
+          type: "object",
+          properties: {
+            code: { type: "string", pattern: "^[A-Z]+$", maxLength: 3 },
+            when: { anyOf: [{ type: "string", format: "date" }, { type: "string", const: "never" }] },
+          },
+          required: ["code", "when"],
+        },
+      },
+      "tools[0].function.parameters",
+      "t0",
+    )
+  }`);
+  const call = (code: string, when: string) =>
+    `<tool_call>\n<function=f>\n<parameter=code>\n${code}\n</parameter>\n<parameter=when>\n${when}\n</parameter>\n</function>\n</tool_call>`;
+  assert.ok(accepts(gbnf, call("ABC", "2026-05-01")) && accepts(gbnf, call("A", "never")));
+  assert.ok(!accepts(gbnf, call("ABCD", "never")), "maxLength beside a pattern");
+  assert.ok(!accepts(gbnf, call("AB", "tomorrow")), "each alternative keeps its format");
+  assert.deepEqual([...g.validated], []);
 });

@@ -76,8 +76,9 @@ export function checkAgainstSchema(
     try {
       validate = ajv.compile(toDraft2020(schema) as object);
     } catch (e) {
-      // A schema the validator cannot read: the grammar alone vouches for the output.
-      return { ok: true, ...({ note: (e as Error).message } as object) };
+      // Request validation refuses such schemas (400 naming the keyword); should one get through,
+      // nothing is vouched for unchecked.
+      return { ok: false, reason: `the schema cannot be compiled for checking: ${(e as Error).message}` };
     }
   }
   cache.set(key, validate);

@@ -4,7 +4,15 @@
  * - **grammar**: enforced while generating (see {@link GRAMMAR_KEYWORDS});
  * - **validated**: no grammar can express it (e.g. `uniqueItems`, `not`), so the grammar enforces the
  *   rest and the finished output is checked against the whole schema ({@link VALIDATED_KEYWORDS}).
- * Anything else is refused (an {@link EngineInputError} naming the keyword and where it is).
+ *   A few grammar keywords fall back to this in cases a grammar cannot (or could only at great size)
+ *   hold: `multipleOf` with a fractional step, an integer step × digits over 4,000 rules, or a step
+ *   over 1,000 without bounds; `minLength`/`maxLength` whose automaton beside a `pattern` or `format`
+ *   would pass 4,000 states; `minProperties` over 1 on a free-form map (keys could repeat); property
+ *   counts over declared properties past 4,000 rules; `oneOf` whose alternatives no required
+ *   `const`/`enum` tag keeps apart. {@link JsonGrammar.validated} names each one met.
+ * Anything else is refused (an {@link EngineInputError} naming the keyword and where it is), as is
+ * any schema the output check could not compile (a keyword value of the wrong kind, a pattern that is
+ * not an ECMA-262 regular expression, a $ref that points nowhere).
  */
 import { EngineInputError } from "../types.ts";
 import { gbnfClass, gbnfLiteral, GbnfRules } from "./gbnf.ts";
@@ -95,6 +103,22 @@ const FORMATS: Record<string, string> = {
     '[a-zA-Z] [a-zA-Z0-9+.-]{0,15} "://" label ( "." label ){0,8} ( ":" [0-9]{1,5} )? ( "/" [a-zA-Z0-9._~%!$&\'()*+,;=:@-]{0,64} ){0,8}',
 };
 
+/**
+ * The output check's own test of each format (as in services/schema_check.ts), as patterns: a pattern
+ * or length bounds next to a format are intersected with it, so what the grammar allows passes both.
+ */
+const FORMAT_CHECKS: Record<string, string> = {
+  date: "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])$",
+  time: "^([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([zZ]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$",
+  "date-time":
+    "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])[tT ]([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([zZ]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$",
+  uuid: "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+  email: "^[^\\s@]+@[^\\s@]+\\.[^\\s@]+$",
+  hostname: "^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$",
+  ipv4: "^((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)$",
+  uri: "^[a-zA-Z][a-zA-Z0-9+.-]*:[^\\s]*$",
+};
+
 /** Limits that keep grammar building cheap whatever the client sends. */
 export interface SchemaLimits {
   maxDepth: number;
@@ -102,8 +126,76 @@ export interface SchemaLimits {
 }
 
 const DEFAULT_LIMITS: SchemaLimits = { maxDepth: 64, maxRules: 20_000 };
+/** Most rules for an object whose property count is enforced (beyond: the count is checked after). */
+const MAX_COUNTED_OBJECT_RULES = 4000;
 
 type Schema = Record<string, unknown>;
+
+const JSON_TYPES = ["string", "number", "integer", "boolean", "object", "array", "null"];
+
+/** What the value of each keyword must be for the output check to compile the schema. */
+const KEYWORD_KINDS: Record<
+  string,
+  | "number"
+  | "bound"
+  | "count"
+  | "boolean"
+  | "string"
+  | "strings"
+  | "array"
+  | "pattern"
+  | "type"
+  | "ref"
+  | "schema"
+  | "schemas"
+  | "schemaOrSchemas"
+  | "schemaMap"
+  | "dependencies"
+> = {
+  minimum: "number",
+  maximum: "number",
+  multipleOf: "number",
+  exclusiveMinimum: "bound",
+  exclusiveMaximum: "bound",
+  minLength: "count",
+  maxLength: "count",
+  minItems: "count",
+  maxItems: "count",
+  minProperties: "count",
+  maxProperties: "count",
+  minContains: "count",
+  maxContains: "count",
+  uniqueItems: "boolean",
+  nullable: "boolean",
+  format: "string",
+  required: "strings",
+  enum: "array",
+  pattern: "pattern",
+  type: "type",
+  $ref: "ref",
+  not: "schema",
+  if: "schema",
+  then: "schema",
+  else: "schema",
+  contains: "schema",
+  propertyNames: "schema",
+  additionalProperties: "schema",
+  additionalItems: "schema",
+  unevaluatedProperties: "schema",
+  unevaluatedItems: "schema",
+  allOf: "schemas",
+  anyOf: "schemas",
+  oneOf: "schemas",
+  prefixItems: "schemas",
+  items: "schemaOrSchemas",
+  properties: "schemaMap",
+  patternProperties: "schemaMap",
+  $defs: "schemaMap",
+  definitions: "schemaMap",
+  dependentSchemas: "schemaMap",
+  dependentRequired: "dependencies",
+  dependencies: "dependencies",
+};
 
 /**
  * Compiles JSON schemas into rules of one grammar (several schemas may share it: each call gets
@@ -147,7 +239,118 @@ export class JsonGrammar {
   schema(schema: unknown, param: string, hint: string): string {
     this.#ensurePrimitives();
     const ctx: Context = { root: schema, param, refs: new Map(), hint };
+    this.#checkCompilable(schema, ctx);
     return this.#rule(schema, ctx, "#", 0, hint);
+  }
+
+  /**
+   * Refuses, naming the keyword, what the output check (Ajv) could not compile: keyword values of
+   * the wrong kind, patterns that are not ECMA-262 (unicode) regular expressions, $refs that point
+   * nowhere, anywhere in the schema, also under keywords the grammar leaves to the check.
+   */
+  #checkCompilable(schema: unknown, ctx: Context): void {
+    const stack: [unknown, string, number][] = [[schema, "#", 0]];
+    const bad = (path: string, key: string, what: string): never =>
+      this.#fail(ctx, `The JSON schema keyword '${key}' at ${path} ${what}.`, "invalid_schema");
+    const regex = (path: string, key: string, source: unknown) => {
+      if (typeof source !== "string") bad(path, key, "must be a string");
+      try {
+        new RegExp(source as string, "u");
+      } catch (e) {
+        bad(path, key, `is not a valid regular expression (ECMA-262, unicode mode): ${(e as Error).message}`);
+      }
+    };
+    while (stack.length > 0) {
+      const [node, path, depth] = stack.pop()!;
+      if (typeof node === "boolean") continue;
+      if (depth > this.#limits.maxDepth) {
+        this.#fail(
+          ctx,
+          `The JSON schema is nested deeper than ${this.#limits.maxDepth} levels (at ${path}).`,
+          "schema_too_large",
+        );
+      }
+      if (!isObject(node)) this.#fail(ctx, `The JSON schema at ${path} must be an object.`, "invalid_schema");
+      const push = (v: unknown, at: string) => stack.push([v, at, depth + 1]);
+      for (const [key, v] of Object.entries(node as Schema)) {
+        const at = `${path}/${key}`;
+        const kind = KEYWORD_KINDS[key];
+        if (kind === undefined) continue;
+        switch (kind) {
+          case "number":
+            if (typeof v !== "number" || !Number.isFinite(v)) bad(path, key, "must be a number");
+            break;
+          case "bound":
+            if (typeof v !== "boolean" && (typeof v !== "number" || !Number.isFinite(v))) {
+              bad(path, key, "must be a number");
+            }
+            break;
+          case "count":
+            if (typeof v !== "number" || !Number.isInteger(v) || v < 0) {
+              bad(path, key, "must be a non-negative integer");
+            }
+            break;
+          case "boolean":
+            if (typeof v !== "boolean") bad(path, key, "must be true or false");
+            break;
+          case "string":
+            if (typeof v !== "string") bad(path, key, "must be a string");
+            break;
+          case "strings":
+            if (!Array.isArray(v) || !v.every((x) => typeof x === "string")) {
+              bad(path, key, "must be an array of strings");
+            }
+            break;
+          case "array":
+            if (!Array.isArray(v)) bad(path, key, "must be an array");
+            break;
+          case "pattern":
+            regex(path, key, v);
+            break;
+          case "type": {
+            const types = Array.isArray(v) ? v : [v];
+            if (types.length === 0 || !types.every((t) => JSON_TYPES.includes(t as string))) {
+              bad(path, key, `must be one of ${JSON_TYPES.join(", ")} (or an array of them)`);
+            }
+            break;
+          }
+          case "ref":
+            if (typeof v !== "string") bad(path, key, "must be a string");
+            this.#resolve(v as string, ctx, path);
+            break;
+          case "schema":
+            push(v, at);
+            break;
+          case "schemas":
+            if (!Array.isArray(v) || (v.length === 0 && key !== "prefixItems")) {
+              bad(path, key, "must be a non-empty array of schemas");
+            }
+            (v as unknown[]).forEach((x, i) => push(x, `${at}/${i}`));
+            break;
+          case "schemaOrSchemas":
+            if (Array.isArray(v)) v.forEach((x, i) => push(x, `${at}/${i}`));
+            else push(v, at);
+            break;
+          case "schemaMap":
+            if (!isObject(v)) bad(path, key, "must be an object of schemas");
+            for (const [name, x] of Object.entries(v as Schema)) {
+              if (key === "patternProperties") regex(path, `${key}/${name}`, name);
+              push(x, `${at}/${name}`);
+            }
+            break;
+          case "dependencies":
+            if (!isObject(v)) bad(path, key, "must be an object");
+            for (const [name, x] of Object.entries(v as Schema)) {
+              const names = Array.isArray(x) && x.every((y) => typeof y === "string");
+              if (key === "dependentRequired" && !names) {
+                bad(path, `${key}/${name}`, "must be an array of strings");
+              }
+              if (key === "dependencies" && !names) push(x, `${at}/${name}`);
+            }
+            break;
+        }
+      }
+    }
   }
 
   #ensurePrimitives() {
@@ -252,19 +455,24 @@ export class JsonGrammar {
       if (!Array.isArray(alternatives) || alternatives.length === 0) {
         this.#fail(ctx, `${path}/${key} must be a non-empty array.`, "invalid_schema");
       }
-      // oneOf is enforced as anyOf; overlapping alternatives then need the output check.
-      if (key === "oneOf" && !disjoint(alternatives)) this.validated.add("oneOf");
+      // oneOf is enforced as anyOf: exact when a `const` (or enum) tag keeps the alternatives apart,
+      // looked up through their $refs (pydantic's discriminated unions); otherwise checked after.
+      if (key === "oneOf") {
+        const resolved = alternatives.map((a, i) => this.#resolved(a, ctx, `${path}/oneOf/${i}`));
+        if (!disjoint(resolved, (p, at) => this.#resolved(p, ctx, at))) this.validated.add("oneOf");
+      }
       // Sibling keywords (e.g. a shared `type`) apply to every alternative.
       const rest = omit(s, [key, "$defs", "definitions", ...ANNOTATIONS]);
-      const alts = alternatives.map((a, i) =>
-        this.#rule(
-          Object.keys(rest).length > 0 && isObject(a) ? mergeSchemas(rest, a as Schema) ?? a : a,
-          ctx,
-          `${path}/${key}/${i}`,
-          depth + 1,
-          `${hint}-${i}`,
-        )
-      );
+      const alts = alternatives.map((a, i) => {
+        let alt = a;
+        if (Object.keys(rest).length > 0 && isObject(a)) {
+          const merged = mergeSchemas(rest, a as Schema);
+          // Siblings that do not merge into this alternative are left to the output check.
+          if (merged) alt = merged;
+          else Object.keys(rest).forEach((k) => this.validated.add(k));
+        }
+        return this.#rule(alt, ctx, `${path}/${key}/${i}`, depth + 1, `${hint}-${i}`);
+      });
       return this.rules.add(`${hint}-alt`, alts.join(" | "));
     }
     let types = s.type === undefined
@@ -304,25 +512,33 @@ export class JsonGrammar {
   rawString(schema: Schema, param: string, hint: string, other: () => string): string {
     this.#ensurePrimitives();
     const ctx: Context = { root: schema, param, refs: new Map(), hint };
+    this.#checkCompilable(schema, ctx);
     const strings = (schema.enum ?? (schema.const !== undefined ? [schema.const] : undefined)) as
       | unknown[]
       | undefined;
     if (strings) return this.rules.add(`${hint}-raw`, strings.map((v) => gbnfLiteral(String(v))).join(" | "));
-    if (schema.format !== undefined && FORMATS[String(schema.format)] === undefined) {
-      this.#fail(ctx, `The JSON schema format '${schema.format}' cannot be enforced.`);
-    }
-    if (schema.format !== undefined && schema.pattern === undefined) {
-      return this.rules.add(`${hint}-rawfmt`, FORMATS[String(schema.format)]);
-    }
-    if (schema.pattern !== undefined) {
-      if (schema.format !== undefined) this.validated.add("format");
-      try {
-        return patternRules(this.rules, `${hint}-rawre`, String(schema.pattern), false);
-      } catch (e) {
-        if (!(e instanceof PatternError)) throw e;
-        this.#fail(ctx, `The JSON schema pattern cannot be enforced: ${e.message}.`);
+    const alternatives = schema.anyOf ?? schema.oneOf;
+    if (Array.isArray(alternatives)) {
+      const key = schema.anyOf !== undefined ? "anyOf" : "oneOf";
+      // Exact as a oneOf only when the alternatives are distinct constants.
+      const tags = alternatives.map((a) => {
+        const s = isObject(a) ? a as Schema : {};
+        return s.const !== undefined ? [s.const] : Array.isArray(s.enum) ? s.enum : undefined;
+      });
+      const values = tags.flatMap((t) => t ?? []).map((v) => JSON.stringify(v));
+      if (key === "oneOf" && (tags.includes(undefined) || new Set(values).size !== values.length)) {
+        this.validated.add("oneOf");
       }
+      const rest = omit(schema, [key, ...ANNOTATIONS]);
+      const alts = alternatives.map((a, i) => {
+        const merged = isObject(a) ? mergeSchemas(rest, a as Schema) : undefined;
+        if (!merged) Object.keys(rest).forEach((k) => this.validated.add(k));
+        return this.rawString(merged ?? a as Schema, param, `${hint}-${i}`, other);
+      });
+      return this.rules.add(`${hint}-alt`, alts.join(" | "));
     }
+    const text = this.#stringText(schema, ctx, "#", `${hint}-raw`, false);
+    if (text !== undefined) return text;
     const min = bound(schema.minLength, 0);
     const max = schema.maxLength === undefined ? undefined : bound(schema.maxLength, 0);
     if (min === 0 && max === undefined) return other();
@@ -350,12 +566,26 @@ export class JsonGrammar {
     if (multiple !== undefined && multiple <= 0) {
       this.#fail(ctx, `${path}/multipleOf must be positive.`, "invalid_schema");
     }
-    if (multiple !== undefined) {
-      const exact = Number.isInteger(multiple) && multiple <= 1000 && min === undefined && max === undefined;
-      if (exact) return multipleOfInteger(this.rules, `${hint}-mul`, multiple);
-      // With bounds, or a fractional step: the range (or type) in the grammar, the rest checked.
-      this.validated.add("multipleOf");
+    if (multiple !== undefined && Number.isInteger(multiple)) {
+      if (min === undefined && max === undefined && multiple <= 1000) {
+        return multipleOfInteger(this.rules, `${hint}-mul`, multiple);
+      }
+      // Integer bounds (inclusive), then the multiples between them digit by digit.
+      const lo = min === undefined ? undefined : exMin ? Math.floor(min) + 1 : Math.ceil(min);
+      const hi = max === undefined ? undefined : exMax ? Math.ceil(max) - 1 : Math.floor(max);
+      const rule = multiplesBetween(this.rules, `${hint}-mul`, multiple, lo, hi);
+      if (rule === null) {
+        this.#fail(
+          ctx,
+          `${path}: no multiple of ${multiple} lies within its minimum and maximum.`,
+          "invalid_schema",
+        );
+      }
+      if (rule !== undefined) return rule;
     }
+    // A fractional step, or too many rules for an integer one: the range (or type) in the grammar,
+    // the step checked after.
+    if (multiple !== undefined) this.validated.add("multipleOf");
     if (min === undefined && max === undefined) return integer ? "integer" : "number";
     try {
       return numberRange(this.rules, hint, { min, max, exclusiveMin: exMin, exclusiveMax: exMax, integer });
@@ -365,39 +595,68 @@ export class JsonGrammar {
   }
 
   #string(s: Schema, ctx: Context, path: string, hint: string): string {
+    const text = this.#stringText(s, ctx, path, hint, true);
+    if (text !== undefined) return this.rules.add(`${hint}-${s.format ?? "pattern"}`, `"\\"" ${text} "\\""`);
+    const min = bound(s.minLength, 0);
+    const max = s.maxLength === undefined ? undefined : bound(s.maxLength, 0);
+    if (min === 0 && max === undefined) return "string";
+    return this.rules.add(`${hint}-str`, `"\\"" char{${min},${max ?? ""}} "\\""`);
+  }
+
+  /**
+   * The inside of a string under `format` and `pattern` (with any length bounds), or undefined when
+   * it has neither. Pattern, format and lengths become one automaton; when that would be too large,
+   * the lengths and then the format are left to the output check (and recorded as validated).
+   */
+  #stringText(s: Schema, ctx: Context, path: string, hint: string, json: boolean): string | undefined {
     const min = bound(s.minLength, 0);
     const max = s.maxLength === undefined ? undefined : bound(s.maxLength, 0);
     if (max !== undefined && max < min) {
       this.#fail(ctx, `${path}: maxLength is below minLength.`, "invalid_schema");
     }
-    const lengthBound = min > 0 || max !== undefined;
-    if (s.format !== undefined && FORMATS[String(s.format)] === undefined) {
+    const format = s.format === undefined ? undefined : String(s.format);
+    if (format !== undefined && FORMATS[format] === undefined) {
       this.#fail(
         ctx,
-        `The JSON schema format '${s.format}' at ${path} cannot be enforced (supported: ${
+        `The JSON schema format '${format}' at ${path} cannot be enforced (supported: ${
           Object.keys(FORMATS).join(", ")
         }).`,
       );
     }
-    if (s.format !== undefined || s.pattern !== undefined) {
-      // With both, the grammar takes the pattern (schema libraries write it as the stricter form,
-      // e.g. zod's UUID versions) and the output check the format.
-      let body: string;
-      if (s.pattern === undefined) body = FORMATS[String(s.format)];
-      else {
-        try {
-          body = patternRules(this.rules, `${hint}-re`, String(s.pattern));
-        } catch (e) {
-          if (!(e instanceof PatternError)) throw e;
-          this.#fail(ctx, `The JSON schema pattern at ${path} cannot be enforced: ${e.message}.`);
-        }
-        if (s.format !== undefined) this.validated.add("format");
+    const pattern = s.pattern === undefined ? undefined : String(s.pattern);
+    if (format === undefined && pattern === undefined) return undefined;
+    const hasLengths = min > 0 || max !== undefined;
+    const check = format === undefined ? [] : [FORMAT_CHECKS[format]];
+    const what = pattern === undefined ? `format '${format}' with minLength/maxLength` : "pattern";
+    const automaton = (patterns: string[], withLengths: boolean): string | undefined => {
+      const lengths = withLengths ? { minLength: min, maxLength: max } : {};
+      try {
+        return patternRules(this.rules, `${hint}-re`, { patterns, ...lengths }, json);
+      } catch (e) {
+        if (!(e instanceof PatternError)) throw e;
+        if (e.tooLarge) return undefined;
+        this.#fail(ctx, `The JSON schema ${what} at ${path} cannot be enforced: ${e.message}.`);
       }
-      if (lengthBound) this.validated.add("minLength/maxLength");
-      return this.rules.add(`${hint}-${s.format ?? "pattern"}`, `"\\"" ${body} "\\""`);
+    };
+    if (pattern === undefined) {
+      // A format alone is its own grammar; with lengths, the check's test of it and the lengths as one automaton.
+      const both = hasLengths ? automaton(check, true) : undefined;
+      if (both) return both;
+      if (hasLengths) this.validated.add("minLength/maxLength");
+      return this.rules.add(`${hint}-${format}`, FORMATS[format!]);
     }
-    if (!lengthBound) return "string";
-    return this.rules.add(`${hint}-str`, `"\\"" char{${min},${max ?? ""}} "\\""`);
+    const all = automaton([pattern, ...check], hasLengths);
+    if (all) return all;
+    // Too large an automaton: the lengths, then the format, are left to the output check.
+    if (hasLengths) this.validated.add("minLength/maxLength");
+    const withFormat = hasLengths && format !== undefined ? automaton([pattern, ...check], false) : undefined;
+    if (withFormat) return withFormat;
+    if (format !== undefined) this.validated.add("format");
+    return automaton([pattern], false) ??
+      this.#fail(
+        ctx,
+        `The JSON schema pattern at ${path} cannot be enforced: it needs too large an automaton.`,
+      );
   }
 
   #object(s: Schema, ctx: Context, path: string, depth: number, hint: string): string {
@@ -431,16 +690,13 @@ export class JsonGrammar {
         : this.#rule(extra, ctx, `${path}/additionalProperties`, depth + 1, `${hint}-extra`);
       if (value === "value" && minProps === 0 && maxProps === undefined) return "object";
       const kv = `string ws ":" ws ${value} ws`;
-      // Keys may repeat in the grammar; distinct keys are left to the output check when counted.
-      if (minProps > 0 || maxProps !== undefined) this.validated.add("minProperties/maxProperties");
+      // Keys may repeat in the grammar (JSON.parse keeps the last), so maxProperties holds, while
+      // minProperties over 1 needs distinct keys: that is left to the output check.
+      if (minProps > 1) this.validated.add("minProperties");
       const first = minProps > 0
         ? `${kv} ( "," ws ${kv} ){${minProps - 1},${maxProps === undefined ? "" : maxProps - 1}}`
         : `( ${kv} ( "," ws ${kv} ){0,${maxProps === undefined ? "" : maxProps - 1}} )?`;
       return this.rules.add(`${hint}-map`, `"{" ws ${first} "}"`);
-    }
-    if (minProps > required.size || (maxProps !== undefined && maxProps < names.length)) {
-      // With declared properties the grammar decides which ones appear; counts are checked after.
-      this.validated.add("minProperties/maxProperties");
     }
     // Properties in declared order: required ones always, optional ones possibly.
     const kvs = names.map((n) => {
@@ -453,18 +709,63 @@ export class JsonGrammar {
         kvs.push(`${gbnfLiteral(JSON.stringify(r))} ws ":" ws value ws`);
       }
     }
-    // next[0]: the rest when no comma is due yet; next[1]: when one is ("" = nothing left).
-    let next: [string, string] = ["", ""];
-    for (let i = names.length - 1; i >= 0; i--) {
-      const kv = kvs[i];
-      const either = (take: string, skip: string) => skip ? `( ${take} | ${skip} )` : `( ${take} )?`;
-      const first = required.has(names[i]) ? `${kv} ${next[1]}` : either(`${kv} ${next[1]}`, next[0]);
-      const later = required.has(names[i])
-        ? `"," ws ${kv} ${next[1]}`
-        : either(`"," ws ${kv} ${next[1]}`, next[1]);
-      next = [this.rules.add(`${hint}-p${i}`, first.trim()), this.rules.add(`${hint}-p${i}c`, later.trim())];
+    if (maxProps !== undefined && maxProps < required.size) {
+      this.#fail(ctx, `${path}: maxProperties is below the number of required properties.`, "invalid_schema");
     }
-    return this.rules.add(`${hint}-obj`, `"{" ws ${next[0]} "}"`);
+    if (minProps > names.length) {
+      // The grammar writes declared properties only: it cannot reach the count.
+      this.#fail(
+        ctx,
+        `The JSON schema minProperties at ${path} (${minProps}) exceeds the properties it declares (${names.length}); ` +
+          "declare the properties it must have.",
+      );
+    }
+    // With min/maxProperties the rules also count the properties written so far (up to `cap`).
+    const counted = minProps > required.size || (maxProps !== undefined && maxProps < names.length);
+    const cap = counted ? Math.min(maxProps ?? minProps, names.length) : 0;
+    if (2 * names.length * (cap + 1) > MAX_COUNTED_OBJECT_RULES) {
+      this.validated.add("minProperties/maxProperties");
+      return this.#declared(names, kvs, required, { min: 0, max: undefined, cap: 0 }, hint);
+    }
+    return this.#declared(names, kvs, required, { min: minProps, max: maxProps, cap }, hint);
+  }
+
+  /**
+   * An object of the declared properties `names` (key-value rules `kvs`) in order, the required ones
+   * always; `count` bounds how many appear (`cap` 0: not counted).
+   */
+  #declared(
+    names: string[],
+    kvs: string[],
+    required: Set<string>,
+    count: { min: number; max: number | undefined; cap: number },
+    hint: string,
+  ): string {
+    // after[c][comma]: the rule for the properties from i on, c written so far (saturating at cap),
+    // comma: whether a comma is due; "" is nothing left, undefined no way to finish.
+    const counts = Array.from({ length: count.cap + 1 }, (_, c) => c);
+    const done = (c: number) => count.cap === 0 || c >= count.min ? "" : undefined;
+    let after: (string | undefined)[][] = counts.map((c) => [done(c), done(c)]);
+    for (let i = names.length - 1; i >= 0; i--) {
+      const next = after;
+      after = counts.map((c) =>
+        [0, 1].map((comma) => {
+          const alts: string[] = [];
+          const canTake = count.cap === 0 || count.max === undefined || c + 1 <= count.max;
+          const rest = canTake ? next[Math.min(c + 1, count.cap)][1] : undefined;
+          if (rest !== undefined) alts.push(`${comma ? '"," ws ' : ""}${kvs[i]}${rest ? ` ${rest}` : ""}`);
+          const skip = required.has(names[i]) ? undefined : next[c][comma];
+          if (skip !== undefined) alts.push(skip || '""');
+          if (alts.length === 0) return undefined;
+          return this.rules.add(`${hint}-p${i}${comma ? "c" : ""}`, alts.join(" | "));
+        })
+      );
+    }
+    const first = after[0][0];
+    if (first === undefined) {
+      throw new Error("unreachable: the property counts were checked against the declared properties");
+    }
+    return this.rules.add(`${hint}-obj`, `"{" ws ${first ? `${first} ` : ""}"}"`);
   }
 
   #array(s: Schema, ctx: Context, path: string, depth: number, hint: string): string {
@@ -540,6 +841,16 @@ export class JsonGrammar {
     return merged;
   }
 
+  /** `schema` with its $refs (a chain of them) and allOf merged in: what its keywords say at its top. */
+  #resolved(schema: unknown, ctx: Context, path: string): unknown {
+    let s = schema;
+    for (let hops = 0; isObject(s) && typeof (s as Schema).$ref === "string" && hops < 32; hops++) {
+      s = { ...this.#resolve(String((s as Schema).$ref), ctx, path), ...omit(s as Schema, ["$ref"]) };
+    }
+    if (isObject(s) && (s as Schema).allOf !== undefined) return this.#mergeAllOf(s as Schema, ctx, path);
+    return s;
+  }
+
   #resolve(ref: string, ctx: Context, path: string): Schema {
     const m = ref.match(/^#\/(\$defs|definitions)\/(.+)$/);
     if (!m) this.#fail(ctx, `The JSON schema $ref '${ref}' at ${path} is not a local '#/$defs/…' reference.`);
@@ -560,6 +871,110 @@ export class JsonGrammar {
     this.rules.define(rule, this.#rule(target, ctx, ref, depth + 1, `${ctx.hint}-${ref.split("/").pop()}`));
     return rule;
   }
+}
+
+/** Most rules for the multiples of an integer step between bounds (digits × step). */
+const MAX_MULTIPLE_RULES = 4000;
+/** Integers the `integer` rule can write: at most 16 digits. */
+const INTEGER_LIMIT = 10n ** 16n - 1n;
+
+/**
+ * A rule for the integers within [lo, hi] (either side open: as many digits as `integer` allows)
+ * that are multiples of `k`, digit by digit: a state is the position, whether the digits so far
+ * equal a bound's, and the remainder mod k. Undefined when it would need over MAX_MULTIPLE_RULES
+ * rules; null when no such integer exists.
+ *
+ * @example
+ * ```ts
+ * multiplesBetween(rules, "qty", 5, 0, 100); // 0, 5, …, 100
+ * ```
+ */
+export function multiplesBetween(
+  rules: GbnfRules,
+  hint: string,
+  k: number,
+  lo: number | undefined,
+  hi: number | undefined,
+): string | null | undefined {
+  const clamp = (x: bigint) => x > INTEGER_LIMIT ? INTEGER_LIMIT : x < -INTEGER_LIMIT ? -INTEGER_LIMIT : x;
+  const low = lo === undefined ? -INTEGER_LIMIT : clamp(BigInt(lo));
+  const high = hi === undefined ? INTEGER_LIMIT : clamp(BigInt(hi));
+  if (low > high) return null;
+  // Magnitude ranges: the negative part (written after "-") and the rest.
+  const parts: { sign: string; from: bigint; to: bigint }[] = [];
+  if (low < 0n) parts.push({ sign: '"-" ', from: high < 0n ? -high : 1n, to: -low });
+  if (high >= 0n) parts.push({ sign: "", from: low > 0n ? low : 0n, to: high });
+  const digits = Math.max(...parts.map((p) => p.to.toString().length));
+  if (digits * k > MAX_MULTIPLE_RULES) return undefined;
+  const cls = (ds: number[]) =>
+    ds.length === 1
+      ? `"${ds[0]}"`
+      : ds.every((d, i) => i === 0 || d === ds[i - 1] + 1)
+      ? `[${ds[0]}-${ds.at(-1)}]`
+      : `[${ds.join("")}]`;
+  /** Alternatives "digits then rest", grouped by rest ("" = the end); undefined when there are none. */
+  const alternatives = (choices: [number, string | undefined][]): string | undefined => {
+    const byNext = new Map<string, number[]>();
+    for (const [d, next] of choices) {
+      if (next !== undefined) byNext.set(next, [...(byNext.get(next) ?? []), d]);
+    }
+    if (byNext.size === 0) return undefined;
+    return rules.add(
+      `${hint}-d`,
+      [...byNext].map(([next, ds]) => `${cls(ds)}${next ? ` ${next}` : ""}`).join(" | "),
+    );
+  };
+  // free(d, r): any d digits after a prefix of remainder r that end on a multiple.
+  const freeMemo = new Map<string, string | undefined>();
+  const free = (d: number, r: number): string | undefined => {
+    if (d === 0) return r === 0 ? "" : undefined;
+    const key = `${d},${r}`;
+    if (!freeMemo.has(key)) {
+      freeMemo.set(
+        key,
+        alternatives(Array.from({ length: 10 }, (_, dg) => [dg, free(d - 1, (10 * r + dg) % k)])),
+      );
+    }
+    return freeMemo.get(key);
+  };
+  // Digits i.. of an n-digit magnitude between loS and hiS (n digits each), tight to either bound.
+  const tight = (
+    loS: string,
+    hiS: string,
+    i: number,
+    tl: boolean,
+    th: boolean,
+    r: number,
+  ): string | undefined => {
+    if (i === loS.length) return r === 0 ? "" : undefined;
+    if (!tl && !th) return free(loS.length - i, r);
+    const from = tl ? Number(loS[i]) : 0;
+    const to = th ? Number(hiS[i]) : 9;
+    const choices: [number, string | undefined][] = [];
+    for (let d = from; d <= to; d++) {
+      choices.push([
+        d,
+        tight(loS, hiS, i + 1, tl && d === Number(loS[i]), th && d === Number(hiS[i]), (10 * r + d) % k),
+      ]);
+    }
+    return alternatives(choices);
+  };
+  const alts: string[] = [];
+  for (const p of parts) {
+    const bodies: string[] = [];
+    const minLen = p.from.toString().length;
+    const maxLen = p.to.toString().length;
+    for (let n = minLen; n <= maxLen; n++) {
+      const loS = n === minLen ? p.from.toString() : `1${"0".repeat(n - 1)}`;
+      const hiS = n === maxLen ? p.to.toString() : "9".repeat(n);
+      const body = tight(loS, hiS, 0, true, true, 0);
+      if (body !== undefined) bodies.push(body || '""');
+    }
+    if (bodies.length > 0) {
+      alts.push(`${p.sign}${bodies.length === 1 ? bodies[0] : `( ${bodies.join(" | ")} )`}`);
+    }
+  }
+  return alts.length === 0 ? null : rules.add(`${hint}-range`, alts.join(" | "));
 }
 
 interface Context {
@@ -620,20 +1035,43 @@ function typeAllows(s: Schema, v: unknown): boolean {
   );
 }
 
-/** Whether the alternatives of a oneOf cannot overlap: each fixes one property to a different const. */
-function disjoint(alternatives: unknown[]): boolean {
-  const keys = alternatives.map((a) => {
-    const props = isObject(a) ? (a as Schema).properties as Record<string, Schema> | undefined : undefined;
-    return Object.entries(props ?? {}).filter(([, p]) =>
-      isObject(p) && (p.const !== undefined ||
-        (Array.isArray(p.enum) && p.enum.length === 1))
-    )
-      .map(([k, p]) => [k, JSON.stringify(p.const ?? (p.enum as unknown[])[0])] as const);
+/**
+ * Whether no value the grammar writes for one alternative of a oneOf can satisfy another: every
+ * alternative is an object that requires one property (the same in all) whose `const` (or `enum`)
+ * values are disjoint from the others'. `resolve` looks through a property schema's $refs.
+ */
+function disjoint(alternatives: unknown[], resolve: (s: unknown, path: string) => unknown): boolean {
+  if (alternatives.length === 1) return true;
+  const tags = alternatives.map((a, i) => {
+    if (!isObject(a)) return undefined;
+    const s = a as Schema;
+    const objectOnly = (s.type === undefined ? inferTypes(s) : [s.type].flat()).join() === "object" &&
+      s.nullable !== true && s.const === undefined && s.enum === undefined;
+    if (!objectOnly || !isObject(s.properties) || !Array.isArray(s.required)) return undefined;
+    const required = s.required.map(String);
+    const values = new Map<string, Set<string>>();
+    for (const [k, p] of Object.entries(s.properties as Schema)) {
+      if (!required.includes(k)) continue;
+      const r = resolve(p, `#/oneOf/${i}/properties/${k}`);
+      if (!isObject(r)) continue;
+      const ps = r as Schema;
+      const vs = ps.const !== undefined ? [ps.const] : Array.isArray(ps.enum) ? ps.enum : undefined;
+      if (vs) values.set(k, new Set(vs.map((v) => JSON.stringify(v))));
+    }
+    return values;
   });
-  const common = keys[0]?.map(([k]) => k).filter((k) => keys.every((ks) => ks.some(([x]) => x === k))) ?? [];
-  return common.some((k) => {
-    const values = keys.map((ks) => ks.find(([x]) => x === k)![1]);
-    return new Set(values).size === values.length;
+  if (tags.some((t) => t === undefined)) return false;
+  const all = tags as Map<string, Set<string>>[];
+  return [...all[0].keys()].some((k) => {
+    if (!all.every((t) => t.has(k))) return false;
+    const seen = new Set<string>();
+    for (const t of all) {
+      for (const v of t.get(k)!) {
+        if (seen.has(v)) return false;
+        seen.add(v);
+      }
+    }
+    return true;
   });
 }
 

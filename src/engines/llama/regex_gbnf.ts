@@ -10,7 +10,24 @@
  */
 
 /** Thrown for a pattern the grammar cannot express; the message says what. */
-export class PatternError extends Error {}
+export class PatternError extends Error {
+  /** Whether the automaton outgrew its bound (the pattern itself may be fine on its own). */
+  readonly tooLarge: boolean;
+  constructor(message: string, tooLarge = false) {
+    super(message);
+    this.tooLarge = tooLarge;
+  }
+}
+
+/**
+ * What the text of a string must satisfy at once: every pattern (each as JSON Schema means it) and
+ * the length bounds, counted in code points as JSON Schema counts them.
+ */
+export interface StringConstraints {
+  patterns: readonly string[];
+  minLength?: number;
+  maxLength?: number;
+}
 
 /** Most automaton states a pattern may need. */
 const MAX_STATES = 4000;
@@ -369,7 +386,7 @@ function compile(node: Node, alphabet: CharSet, anyBefore: boolean, anyAfter: bo
   const dfa: Dfa = { next: [], accepting: [] };
   for (let i = 0; i < sets.length; i++) {
     if (sets.length > MAX_STATES) {
-      throw new PatternError(`the pattern needs over ${MAX_STATES} automaton states`);
+      throw new PatternError(`the pattern needs over ${MAX_STATES} automaton states`, true);
     }
     const cur = sets[i];
     dfa.accepting[i] = cur.includes(end);
@@ -397,7 +414,7 @@ function intersect(a: Dfa, b: Dfa, negate: boolean, alphabetSize: number): Dfa {
   const out: Dfa = { next: [], accepting: [] };
   for (let i = 0; i < pairs.length; i++) {
     if (pairs.length > MAX_STATES) {
-      throw new PatternError(`the pattern needs over ${MAX_STATES} automaton states`);
+      throw new PatternError(`the constraints need over ${MAX_STATES} automaton states`, true);
     }
     const [x, y] = pairs[i];
     const inB = y !== DEAD && b.accepting[y];
@@ -473,29 +490,66 @@ function jsonEscape(c: number): string {
   return `"${encoded.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
 }
 
+/** Strings of `min` to `max` letters (any letters; `max` undefined: no upper bound). */
+function lengthDfa(alphabetSize: number, min: number, max: number | undefined): Dfa {
+  const last = max ?? min;
+  if (last > MAX_STATES) {
+    throw new PatternError(`a length bound over ${MAX_STATES} next to a pattern or format`, true);
+  }
+  const dfa: Dfa = { next: [], accepting: [] };
+  for (let i = 0; i <= last; i++) {
+    dfa.accepting[i] = i >= min;
+    dfa.next[i] = new Map();
+    const to = i < last ? i + 1 : max === undefined ? last : undefined;
+    if (to !== undefined) { for (let li = 0; li < alphabetSize; li++) dfa.next[i].set(li, to); }
+  }
+  return dfa;
+}
+
 /**
- * Rules for the inside of JSON strings matching `pattern` (`json` false: raw text, unescaped);
- * returns the start rule's name.
+ * Rules for the inside of JSON strings matching `pattern`, or meeting all of `constraints`
+ * (`json` false: raw text, unescaped); returns the start rule's name. Throws a
+ * {@link PatternError} for what no grammar can express, or when the automaton grows too large.
  *
  * @example
  * ```ts
  * const start = patternRules(rules, "sku", "^[A-Z]{3}-\\d{4}$");
+ * const code = patternRules(rules, "code", { patterns: ["^[a-z]+$"], maxLength: 8 });
  * ```
  */
 export function patternRules(
   rules: { reserve(hint: string): string; define(name: string, body: string): void },
   hint: string,
-  pattern: string,
+  constraints: string | StringConstraints,
   json = true,
 ): string {
-  const p = new Parser(pattern).pattern();
-  const alphabet = letters([...setsOf(p.body), ...p.lookaheads.flatMap((l) => setsOf(l.node)), ANY]);
-  let dfa = compile(p.body, alphabet, !p.anchoredStart, !p.anchoredEnd);
-  for (const l of p.lookaheads) {
-    dfa = intersect(dfa, compile(l.node, alphabet, false, !l.anchoredEnd), l.negative, alphabet.length);
+  const c = typeof constraints === "string" ? { patterns: [constraints] } : constraints;
+  const parsed = c.patterns.map((p) => new Parser(p).pattern());
+  const alphabet = letters([
+    ...parsed.flatMap((p) => [...setsOf(p.body), ...p.lookaheads.flatMap((l) => setsOf(l.node))]),
+    ANY,
+  ]);
+  const min = c.minLength ?? 0;
+  let dfa: Dfa | undefined;
+  for (const p of parsed) {
+    let one = compile(p.body, alphabet, !p.anchoredStart, !p.anchoredEnd);
+    for (const l of p.lookaheads) {
+      one = intersect(one, compile(l.node, alphabet, false, !l.anchoredEnd), l.negative, alphabet.length);
+    }
+    dfa = dfa ? intersect(dfa, one, false, alphabet.length) : one;
+  }
+  if (min > 0 || c.maxLength !== undefined || !dfa) {
+    const length = lengthDfa(alphabet.length, min, c.maxLength);
+    dfa = dfa ? intersect(dfa, length, false, alphabet.length) : length;
   }
   const alive = live(dfa);
-  if (!alive.has(0)) throw new PatternError("the pattern matches no string");
+  if (!alive.has(0)) {
+    throw new PatternError(
+      c.patterns.length === 1 && min === 0 && c.maxLength === undefined
+        ? "the pattern matches no string"
+        : "no string meets all of the pattern, format and length constraints",
+    );
+  }
   const names = new Map([...alive].map((s) => [s, rules.reserve(`${hint}-s${s}`)]));
   for (const s of alive) {
     // Letters to the same state share one alternative.
