@@ -78,12 +78,18 @@ export const CPU_VARIANTS: Record<string, readonly string[]> = {
   ],
 };
 
-/** The CPU flags: `native` (tuned for this machine) or one of {@link CPU_VARIANTS}. */
+/**
+ * The CPU flags: `prebuilt` (shared libraries, replaced at run time by node-llama-cpp's own: see
+ * {@link assembleRunDir}), `native` (tuned for this machine) or one of {@link CPU_VARIANTS}.
+ */
 export function cpuFlags(cpu: string): string[] {
+  if (cpu === "prebuilt") return ["-DBUILD_SHARED_LIBS=ON", "-DGGML_BACKEND_DL=ON", "-DGGML_NATIVE=OFF"];
   if (cpu === "native") return ["-DGGML_NATIVE=ON"];
   const features = CPU_VARIANTS[cpu];
   if (!features) {
-    throw new Error(`unknown CPU variant '${cpu}' (known: native, ${Object.keys(CPU_VARIANTS).join(", ")})`);
+    throw new Error(
+      `unknown CPU variant '${cpu}' (known: prebuilt, native, ${Object.keys(CPU_VARIANTS).join(", ")})`,
+    );
   }
   return ["-DGGML_NATIVE=OFF", ...features.map((f) => `-DGGML_${f}=ON`)];
 }
@@ -186,7 +192,7 @@ export async function ensureLlamaServer(
   root: string,
   log: Log,
   source?: LlamaCppSource,
-  cpu = "native",
+  cpu = "prebuilt",
 ): Promise<string> {
   const src = source ?? await nodeLlamaCppSource();
   if (!/^[\w.+-]+$/.test(src.tag)) throw new Error(`unexpected llama.cpp tag '${src.tag}'`);
@@ -194,17 +200,76 @@ export async function ensureLlamaServer(
   await Deno.mkdir(dir, { recursive: true });
   const binary = `${dir}/build/bin/${TARGET}`;
   const wanted = await wantedStamp(src, cpu);
-  if (await isBuilt(dir, binary, wanted)) return binary;
+  const ready = () => cpu === "prebuilt" ? assembleRunDir(dir, binary) : binary;
+  if (await isBuilt(dir, binary, wanted)) return await ready();
 
   const release = await acquireLock(`${dir}/build.lock`, log);
   try {
     // Another process may have finished the build while we waited for the lock.
-    if (await isBuilt(dir, binary, wanted)) return binary;
-    await build(dir, src, wanted, log);
-    return binary;
+    if (!await isBuilt(dir, binary, wanted)) await build(dir, src, wanted, log);
+    return await ready();
   } finally {
     await release();
   }
+}
+
+/**
+ * The `prebuilt` mode: `<dir>/run/` holds the compiled server with its own libraries (server, common,
+ * mtmd) and links to node-llama-cpp's prebuilt libllama, libggml and ggml CPU variants, the very files
+ * vserve runs; `run/llama-server` is a script that puts that directory first on the library path and
+ * execs the server (same pid). Both sides then run identical llama.cpp binaries, so the comparison
+ * measures the server code alone. Rebuilt on every call (links only), so it follows node-llama-cpp.
+ */
+export async function assembleRunDir(dir: string, binary: string): Promise<string> {
+  const prebuilt = await prebuiltLibraryDir();
+  const run = `${dir}/run`;
+  await Deno.remove(run, { recursive: true }).catch(() => {});
+  await Deno.mkdir(run, { recursive: true });
+  const built = binary.replace(/\/[^/]+$/, "");
+  for (const name of ["libllama-server-impl.so", "libllama-common.so.0", "libmtmd.so.0"]) {
+    await Deno.symlink(await Deno.realPath(`${built}/${name}`), `${run}/${name}`);
+  }
+  // A copy, not a link: ggml looks for its CPU backends beside the executable's real path.
+  await Deno.copyFile(binary, `${run}/${TARGET}.bin`);
+  const files = [...Deno.readDirSync(prebuilt)].map((e) => e.name);
+  const find = (re: RegExp) => {
+    const name = files.find((n) => re.test(n));
+    if (!name) throw new Error(`node-llama-cpp's ${prebuilt} has no file matching ${re}`);
+    return `${prebuilt}/${name}`;
+  };
+  // The names the compiled server asks for (its NEEDED entries), and the names the prebuilt libraries
+  // ask for each other by; ggml finds its CPU variants beside the executable.
+  const links: Record<string, string> = {
+    "libllama.so.0": find(/^libllama(\.v[\d.]+)?\.so$/),
+    "libggml.so.0": find(/^libggml(\.v[\d.]+)?\.so$/),
+    "libggml-base.so.0": find(/^libggml-base\.so$/),
+  };
+  for (
+    const name of files.filter((n) => /^lib(llama|ggml)[\w.-]*\.so$/.test(n) && n !== "libllama-common.so")
+  ) {
+    links[name] = `${prebuilt}/${name}`;
+  }
+  for (const [name, target] of Object.entries(links)) await Deno.symlink(target, `${run}/${name}`);
+  const script = `${run}/${TARGET}`;
+  await Deno.writeTextFile(
+    script,
+    `#!/bin/sh\n# llama-server on node-llama-cpp's prebuilt llama.cpp (${prebuilt})\n` +
+      `export LD_LIBRARY_PATH="${run}\${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n` +
+      `exec "${run}/${TARGET}.bin" "$@"\n`,
+  );
+  await Deno.chmod(script, 0o755);
+  return script;
+}
+
+/** The directory of the libllama node-llama-cpp loads on this machine (its prebuilt binaries). */
+async function prebuiltLibraryDir(): Promise<string> {
+  const { llamaRuntime } = await import("../src/engines/llama/runtime.ts");
+  await llamaRuntime("cpu", { debug() {}, info() {}, warn() {}, error() {} });
+  const maps = await Deno.readTextFile("/proc/self/maps").catch(() => "");
+  const path = maps.split("\n").map((l) => l.trim().split(/\s+/).slice(5).join(" "))
+    .find((p) => /\/libllama(\.v[\d.]+)?\.so$/.test(p));
+  if (!path) throw new Error("cannot find node-llama-cpp's libllama in this process (Linux only)");
+  return path.replace(/\/[^/]+$/, "");
 }
 
 async function isBuilt(dir: string, binary: string, wanted: BuildStamp): Promise<boolean> {
@@ -224,7 +289,10 @@ async function wantedStamp(src: LlamaCppSource, cpu: string): Promise<BuildStamp
     commit,
     patches,
     generator: await hasCommand("ninja") ? "Ninja" : "Unix Makefiles",
-    cmakeFlags: [...CMAKE_FLAGS, ...cpuFlags(cpu)],
+    cmakeFlags: [
+      ...CMAKE_FLAGS.filter((f) => cpu !== "prebuilt" || !f.startsWith("-DBUILD_SHARED_LIBS=")),
+      ...cpuFlags(cpu),
+    ],
     target: TARGET,
     host: await hostFingerprint(),
   };
@@ -390,7 +458,7 @@ export async function loadedCpuVariant(): Promise<string> {
 if (import.meta.main) {
   const { values } = parseArgs({
     args: Deno.args,
-    options: { cache: { type: "string" }, cpu: { type: "string", default: "same" } },
+    options: { cache: { type: "string" }, cpu: { type: "string", default: "prebuilt" } },
   });
   const log = (msg: string) =>
     console.error(`[llama-server ${new Date().toISOString().slice(11, 19)}] ${msg}`);

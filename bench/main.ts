@@ -134,7 +134,9 @@ try {
   let llamaServerBinary: string | undefined;
   if (opt.baseline?.kind === "llama-server") {
     const cpu = opt.baseline.cpu === "same" ? await loadedCpuVariant() : opt.baseline.cpu;
-    meta["llama-server CPU build"] = cpu;
+    meta["llama-server CPU build"] = cpu === "prebuilt"
+      ? `node-llama-cpp's prebuilt libllama and ggml (CPU variant ${await loadedCpuVariant()}), as vserve`
+      : cpu;
     llamaServerBinary = opt.baseline.binary ??
       await ensureLlamaServer(cacheRoot(opt.baseline.cache, Deno.env.toObject()), log, undefined, cpu);
   }

@@ -25,9 +25,11 @@ export const USAGE = `deno task bench [options]
 
   --baseline llama-server      also run llama.cpp's llama-server (built once from node-llama-cpp's
                                llama.cpp source; see bench/README.md) on the same files and settings
-  --llama-server-cpu CPU       how the baseline is compiled: same (default: the instruction sets of the ggml
-                               CPU variant node-llama-cpp loads on this machine, e.g. haswell: the same
-                               kernels as vserve) | native (-march=native) | a variant name
+  --llama-server-cpu CPU       how the baseline gets llama.cpp: prebuilt (default: only the server is
+                               compiled; it runs on node-llama-cpp's own prebuilt libllama and ggml, the
+                               very binaries vserve runs) | same (compiled for the instruction sets of the
+                               ggml CPU variant node-llama-cpp loads, e.g. haswell) | native
+                               (-march=native) | a variant name
   --llama-server-bin PATH      use this llama-server binary, build nothing  (env VSERVE_BENCH_LLAMA_SERVER)
   --llama-server-cache DIR     where the build goes            (env VSERVE_BENCH_LLAMA_CACHE;
                                default \${XDG_CACHE_HOME:-$HOME/.cache}/vserve/llama-server)
@@ -97,7 +99,7 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
         "no-in-process": { type: "boolean" },
         baseline: { type: "string" },
         "llama-server-bin": { type: "string" },
-        "llama-server-cpu": { type: "string", default: "same" },
+        "llama-server-cpu": { type: "string", default: "prebuilt" },
         "llama-server-cache": { type: "string" },
         "baseline-url": { type: "string" },
         "baseline-key": { type: "string", default: "none" },

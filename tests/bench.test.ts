@@ -110,7 +110,12 @@ Deno.test("bench options: defaults keep the HTTP vs in-process comparison", () =
 
 Deno.test("bench options: --baseline llama-server uses 8 slots of 4096 tokens and no in-process column", () => {
   const o = parseBenchArgs(["--baseline", "llama-server", "--quick"], {});
-  assert.deepEqual(o.baseline, { kind: "llama-server", binary: undefined, cache: undefined, cpu: "same" });
+  assert.deepEqual(o.baseline, {
+    kind: "llama-server",
+    binary: undefined,
+    cache: undefined,
+    cpu: "prebuilt",
+  });
   assert.equal(o.inProcess, false);
   assert.deepEqual(o.concurrency, [1, 4, 8]);
   assert.deepEqual([o.slots, o.ctxPerSlot], [8, 4096]);
@@ -260,6 +265,11 @@ Deno.test("the baseline's CPU flags: native, or the instruction sets of node-lla
     "-DGGML_FMA=ON",
     "-DGGML_AVX2=ON",
     "-DGGML_BMI2=ON",
+  ]);
+  assert.deepEqual(cpuFlags("prebuilt"), [
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DGGML_BACKEND_DL=ON",
+    "-DGGML_NATIVE=OFF",
   ]);
   assert.throws(() => cpuFlags("pentium"), /unknown CPU variant/);
 });
