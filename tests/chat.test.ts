@@ -595,3 +595,48 @@ serverTest("the SDK surfaces a 400 as an APIError with the status", async () => 
     (e: Error & { status?: number }) => e.status === 400,
   );
 });
+
+for (const t of TARGETS) {
+  serverTest(
+    `${t.label}: a streamed forced call cut by max_tokens ends with length, no markup in content`,
+    async () => {
+      // Cut before the name is known, inside the arguments, and at several points in between.
+      for (const max_tokens of [3, 8, 13, 18]) {
+        const events = await streamEvents({
+          model: t.model,
+          messages: user("Weather in Paris?"),
+          ...t.extra,
+          tools: TOOLS,
+          tool_choice: { type: "function", function: { name: "get_weather" } },
+          max_tokens,
+          seed: 5,
+        });
+        const chunks = events.filter((e) => e !== "[DONE]").map((e) => JSON.parse(e));
+        const deltas = chunks.flatMap((c: Json) => c.choices.map((ch: Json) => ch.delta));
+        // A forced call starts at the first token: there is no text, not even a piece of its tag.
+        const content = deltas.map((d: Json) => d.content ?? "").join("");
+        assert.equal(content, "", `max_tokens ${max_tokens}`);
+        const finishes = chunks.flatMap((c: Json) => c.choices.map((ch: Json) => ch.finish_reason))
+          .filter(Boolean);
+        assert.deepEqual(finishes, ["length"], `max_tokens ${max_tokens}`);
+        const names = deltas.flatMap((d: Json) => d.tool_calls ?? []).map((c: Json) => c.function?.name)
+          .filter(Boolean);
+        assert.ok(names.every((n: string) => n === "get_weather"), JSON.stringify(names));
+      }
+    },
+  );
+}
+
+serverTest("n: 8 on the built-in chat models (8 sequences each) returns 8 choices", async () => {
+  for (const model of [SPEC_MODEL, "tiny-chat"]) {
+    const res = await create({
+      model,
+      messages: user("Eight"),
+      n: 8,
+      max_tokens: 2,
+      chat_template_kwargs: { enable_thinking: false },
+    });
+    assert.deepEqual(res.choices.map((c: Body) => c.index), [0, 1, 2, 3, 4, 5, 6, 7], model);
+    assert.equal(res.usage.completion_tokens, 16);
+  }
+});

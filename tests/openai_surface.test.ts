@@ -8,8 +8,13 @@ import OpenAI from "openai";
 import { type Json, postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { checkAgainstSchema } from "../src/services/schema_check.ts";
+import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
 import { ChatChunkSchema, ChatCompletionSchema } from "../src/protocol/chat.ts";
-import { CompletionSchema } from "../src/protocol/completions.ts";
+import { CompletionRequestSchema, CompletionSchema } from "../src/protocol/completions.ts";
+import { createCompletion } from "../src/services/completions.ts";
+import { ApiError } from "../src/http/errors.ts";
+import type { ChatEngine } from "../src/engines/types.ts";
+import { silentLogger } from "../src/log.ts";
 
 const KEY = "test-key";
 const MODEL = "Vendor/Vendor3.6-35B-A3B";
@@ -33,24 +38,56 @@ const zodFormat = await fixture("zod_order_response_format.json");
 const zodFunction = await fixture("zod_order_function.json");
 const pydantic = await fixture("pydantic_order.json");
 
-/** Several seeds of a structured request; every finished answer must validate. Returns how many finished. */
+/** The keywords of a schema the grammar leaves to the output check (none: it enforces all of them). */
+function leftToCheck(schema: Json): string[] {
+  const g = new JsonGrammar();
+  g.schema(schema, "response_format", "out");
+  return [...g.validated].sort();
+}
+
+/**
+ * The faults of the output check that made the server generate request `id`'s answer again (read
+ * once the request's access-log line is in: the log is one ordered stream).
+ */
+async function regenerations(id: string | null): Promise<string[]> {
+  const entries = () =>
+    server.logs.filter((line) => line.startsWith("{")).map((line) => JSON.parse(line))
+      .filter((e) => e.request_id === id);
+  for (let i = 0; i < 100 && !entries().some((e) => e.msg === "request"); i++) {
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.ok(entries().some((e) => e.msg === "request"), `request ${id} was logged`);
+  return entries().filter((e) => e.msg === "the output failed its schema; generating it again")
+    .map((e) => String(e.fault));
+}
+
+const SEEDS = [1, 2, 3, 4];
+
+/**
+ * Every seed of a structured request finishes within max_tokens and validates, and no answer needed
+ * the server's regeneration: the grammar enforced the schema, the output check never caught anything
+ * (except faults matching `checked`, for keywords the grammar leaves to the check).
+ */
 async function structured(
   schema: Json,
   body: (seed: number) => Record<string, unknown>,
   read: (r: Json) => string,
+  checked?: RegExp,
 ) {
-  let finished = 0;
-  for (let seed = 1; seed <= 6 && finished < 3; seed++) {
+  for (const seed of SEEDS) {
     const res = await postJson(url("/v1/chat/completions"), body(seed), KEY);
     assert.equal(res.status, 200, JSON.stringify(res.body));
     const choice = res.body.choices[0];
-    if (choice.finish_reason === "length") continue;
+    assert.notEqual(choice.finish_reason, "length", `seed ${seed} finished within max_tokens`);
     const value = JSON.parse(read(res.body));
     const check = checkAgainstSchema(schema, value);
     assert.ok(check.ok, `seed ${seed}: ${JSON.stringify(value)}: ${(check as { reason?: string }).reason}`);
-    finished++;
+    const faults = await regenerations(res.headers.get("x-request-id"));
+    assert.ok(
+      faults.every((f) => checked?.test(f)),
+      `seed ${seed}: the grammar let through output the check caught: ${faults.join("; ")}`,
+    );
   }
-  assert.ok(finished >= 2, `at least two seeds finished within max_tokens (${finished})`);
 }
 
 // A random model rarely closes a free string or an e-mail address: logit_bias favours '"' (1), '@' (31),
@@ -58,17 +95,18 @@ async function structured(
 const CLOSE = { logit_bias: { "1": 17, "31": 16, "13": 14, "92": 4, "60": 4 } };
 const CLOSE_XML = { logit_bias: { ...CLOSE.logit_bias, "198": 17 } };
 // Pydantic's schema has no e-mail pattern; a milder bias keeps its unique tags from all being "".
-const CLOSE_MILD = { logit_bias: { "1": 6, "92": 4, "60": 4 } };
+const CLOSE_MILD = { logit_bias: { "1": 8, "92": 4, "60": 4 } };
 
 serverTest(
   "zodResponseFormat (zod 4): ints at ±2^53−1, uuid, email, enum, union, nested list — enforced",
   async () => {
     const schema = zodFormat.json_schema.schema;
+    assert.deepEqual(leftToCheck(schema), [], "every keyword is grammar-enforced");
     await structured(schema, (seed) => ({
       model: MODEL,
       messages: user("An order, please"),
       response_format: zodFormat,
-      max_tokens: 700,
+      max_tokens: 1500,
       seed,
       ...OFF,
       ...CLOSE,
@@ -79,33 +117,71 @@ serverTest(
 serverTest(
   "pydantic v2: ge/le/gt, UUID, EmailStr, Decimal pattern, set (uniqueItems), discriminated union",
   async () => {
-    await structured(pydantic, (seed) => ({
-      model: MODEL,
-      messages: user("An order, please"),
-      response_format: {
-        type: "json_schema",
-        json_schema: { name: "order", schema: pydantic, strict: true },
-      },
-      max_tokens: 800,
-      seed,
-      ...OFF,
-      ...CLOSE_MILD,
-    }), (r) => r.choices[0].message.content);
+    // The discriminated union (oneOf over $refs, const tags) is grammar-enforced; only the set is checked.
+    assert.deepEqual(leftToCheck(pydantic), ["uniqueItems"]);
+    await structured(
+      pydantic,
+      (seed) => ({
+        model: MODEL,
+        messages: user("An order, please"),
+        response_format: {
+          type: "json_schema",
+          json_schema: { name: "order", schema: pydantic, strict: true },
+        },
+        max_tokens: 1500,
+        seed,
+        ...OFF,
+        ...CLOSE_MILD,
+      }),
+      (r) => r.choices[0].message.content,
+      /duplicate items/,
+    );
   },
 );
 
 serverTest("zodFunction: a named call's arguments follow the zod schema", async () => {
+  assert.deepEqual(leftToCheck(zodFunction.function.parameters), []);
   await structured(zodFunction.function.parameters, (seed) => ({
     model: MODEL,
     messages: user("Create an order"),
     tools: [zodFunction],
     tool_choice: { type: "function", function: { name: "create_order" } },
     parallel_tool_calls: false,
-    max_tokens: 700,
+    max_tokens: 1500,
     seed,
     ...OFF,
     ...CLOSE_XML,
   }), (r) => r.choices[0].message.tool_calls[0].function.arguments);
+});
+
+serverTest("output the check catches is generated again, each time logged, and never returned", async () => {
+  // The grammar can only write ["a", "a"]; uniqueItems, left to the check, rejects it every time.
+  const schema = { type: "array", items: { const: "a" }, minItems: 2, maxItems: 2, uniqueItems: true };
+  const res = await postJson(url("/v1/chat/completions"), {
+    model: MODEL,
+    messages: user("Two"),
+    response_format: { type: "json_schema", json_schema: { name: "pair", schema } },
+    max_tokens: 40,
+    ...OFF,
+  }, KEY);
+  assertApiError(res, 500, { code: "invalid_output" });
+  const faults = await regenerations(res.headers.get("x-request-id"));
+  assert.equal(faults.length, 2, "three attempts: two regenerations logged, then the error");
+  assert.ok(faults.every((f) => /duplicate items/.test(f)), faults.join("; "));
+});
+
+serverTest("a schema the output check could not compile is a 400 naming the keyword", async () => {
+  const res = await postJson(url("/v1/chat/completions"), {
+    model: MODEL,
+    messages: user("x"),
+    response_format: {
+      type: "json_schema",
+      json_schema: { name: "x", schema: { type: "array", items: { type: "string" }, not: { pattern: "[" } } },
+    },
+    max_tokens: 4,
+  }, KEY);
+  assertApiError(res, 400, { code: "invalid_schema", param: "response_format.json_schema.schema" });
+  assert.match(res.body.error.message, /'pattern' at #\/not/);
 });
 
 serverTest("a strict tool whose schema cannot be enforced is a 400 under auto, too", async () => {
@@ -230,19 +306,21 @@ serverTest("usage details: cached prompt tokens and reasoning tokens", async () 
 });
 
 serverTest("a forced call cut by max_tokens ends with length and leaks no markup", async () => {
-  const res = await create({
-    model: MODEL,
-    messages: user("Create an order"),
-    tools: [zodFunction],
-    tool_choice: { type: "function", function: { name: "create_order" } },
-    max_tokens: 12,
-    seed: 1,
-    ...OFF,
-  });
-  const choice = res.choices[0];
-  assert.equal(choice.finish_reason, "length");
-  assert.ok(!(choice.message.content ?? "").includes("<tool_call>"), JSON.stringify(choice.message));
-  assert.ok(!(choice.message.content ?? "").includes("<function"));
+  // Cut inside the opening tag, and inside the arguments.
+  for (const max_tokens of [3, 12]) {
+    const res = await create({
+      model: MODEL,
+      messages: user("Create an order"),
+      tools: [zodFunction],
+      tool_choice: { type: "function", function: { name: "create_order" } },
+      max_tokens,
+      seed: 1,
+      ...OFF,
+    });
+    const choice = res.choices[0];
+    assert.equal(choice.finish_reason, "length");
+    assert.ok(!choice.message.content, `max_tokens ${max_tokens}: ${JSON.stringify(choice.message)}`);
+  }
 });
 
 serverTest("audio output is refused with a 400; system_fingerprint is set", async () => {
@@ -353,6 +431,108 @@ serverTest("/v1/completions: suffix uses the vocabulary's fill-in-the-middle tok
     plain.body.usage.prompt_tokens + 3,
     "three FIM tokens around the parts",
   );
+});
+
+serverTest("/v1/completions: stop ends the text before the stop sequence, streamed or not", async () => {
+  const req = { model: MODEL, prompt: "Once upon a time", max_tokens: 30, seed: 4 };
+  const full: string = (await postJson(url("/v1/completions"), req, KEY)).body.choices[0].text;
+  const chars = Array.from(full);
+  assert.ok(chars.length > 12, `need text to cut: ${JSON.stringify(full)}`);
+  const stop = chars.slice(8, 11).join("");
+  const expected = full.slice(0, full.indexOf(stop));
+  const cut = await postJson(url("/v1/completions"), { ...req, stop: ["\u0000never", stop] }, KEY);
+  assert.equal(cut.status, 200, JSON.stringify(cut.body));
+  assert.equal(cut.body.choices[0].text, expected);
+  assert.equal(cut.body.choices[0].finish_reason, "stop");
+  assert.ok(cut.body.usage.completion_tokens < 30);
+  const stream = await client.completions.create({ ...req, stop, stream: true } as never);
+  let text = "";
+  let finish: string | null = null;
+  for await (const chunk of stream as unknown as AsyncIterable<Json>) {
+    text += chunk.choices[0]?.text ?? "";
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(text, expected);
+  assert.equal(finish, "stop");
+});
+
+Deno.test("/v1/completions: suffix on a model without fill-in-the-middle tokens is a 400, before generating", async () => {
+  let generated = false;
+  const engine = {
+    fim: undefined,
+    vocabSize: 1000,
+    tokenize: (text: string) => Array.from(text, (c) => c.charCodeAt(0) % 1000),
+    detokenize: () => "",
+    generate: () => {
+      generated = true;
+      throw new Error("generation must not start");
+    },
+  } as unknown as ChatEngine;
+  const req = CompletionRequestSchema.parse({ model: "m", prompt: "def f(x):", suffix: "return y" });
+  const ctx = { created: 0, signal: new AbortController().signal, log: silentLogger, requestId: "r" };
+  await assert.rejects(
+    createCompletion(req, engine, ctx),
+    (e: unknown) =>
+      e instanceof ApiError && e.status === 400 && e.param === "suffix" && e.code === "unsupported_value",
+  );
+  assert.equal(generated, false);
+});
+
+serverTest("n counts against admission as n sequences, in chat and legacy completions", async () => {
+  const dir = await Deno.makeTempDir();
+  const models = `${dir}/models.json`;
+  await Deno.writeTextFile(
+    models,
+    JSON.stringify({
+      models: [{ id: "tiny", kind: "chat", source: "builtin:tiny-chat", contextSize: 8192, parallel: 2 }],
+    }),
+  );
+  // Two sequences and one place in the queue.
+  const small = await startServer(["--api-key", KEY, "--models", models, "--max-queue", "1"], {
+    waitReady: true,
+  });
+  try {
+    const inFlight = async () =>
+      (await (await fetch(`${small.url}/health`)).json()).models.find((m: Json) => m.id === "tiny").in_flight;
+    const chat = (body: Record<string, unknown>) =>
+      fetch(`${small.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+        body: JSON.stringify({ model: "tiny", messages: user("Go on"), ...OFF, ...body }),
+      });
+    // A long n: 2 stream (the end tokens banned) holds both sequences.
+    const busy = await chat({
+      n: 2,
+      max_tokens: 6000,
+      stream: true,
+      logit_bias: { "151643": -100, "151645": -100 },
+    });
+    assert.equal(busy.status, 200);
+    const reader = busy.body!.getReader();
+    await reader.read();
+    assert.equal(await inFlight(), 2, "n: 2 holds two sequences");
+    // 2 + 2 is over 2 sequences + 1 queued; so are two prompts, or one prompt with n: 2.
+    const two = await chat({ n: 2, max_tokens: 1 });
+    assertApiError({ status: two.status, body: await two.json() }, 429, { code: "queue_full" });
+    const complete = (body: Record<string, unknown>) =>
+      postJson(`${small.url}/v1/completions`, { model: "tiny", max_tokens: 1, ...body }, KEY);
+    assertApiError(await complete({ prompt: ["a", "b"] }), 429, { code: "queue_full" });
+    assertApiError(await complete({ prompt: "a", n: 2 }), 429, { code: "queue_full" });
+    // One more sequence fits the queue.
+    const one = chat({ max_tokens: 1 });
+    for (let i = 0; i < 100 && await inFlight() < 3; i++) await new Promise((r) => setTimeout(r, 20));
+    assert.equal(await inFlight(), 3, "n: 1 waits in the queue");
+    await reader.cancel();
+    const answered = await one;
+    assert.equal(answered.status, 200);
+    await answered.body?.cancel();
+    const again = await chat({ n: 2, max_tokens: 1 });
+    assert.equal(again.status, 200, "the sequences are free again");
+    await again.body?.cancel();
+  } finally {
+    await small.stop();
+    await Deno.remove(dir, { recursive: true });
+  }
 });
 
 serverTest("/tokenize and /detokenize round trip; messages go through the chat template", async () => {

@@ -183,3 +183,16 @@ Deno.test("sampler: log-probabilities sum to at most 1 and match the softmax", (
   const total = lp.top.reduce((s, t) => s + Math.exp(t.logprob), 0);
   assert.ok(total <= 1 + 1e-6 && total > 0.999);
 });
+
+Deno.test("parser: output cut inside a call's opening tag shows none of it as content", () => {
+  for (const dialect of [jsonDialect, xmlDialect]) {
+    for (const cut of ["<", "<tool", "<tool_cal"]) {
+      assert.deepEqual(parse(dialect, ["Sure. ", cut]), { content: "Sure. ", reasoning: "", calls: [] }, cut);
+      assert.deepEqual(parse(dialect, [cut]), { content: "", reasoning: "", calls: [] }, cut);
+    }
+    // Without tools there are no call tags: the same text is content.
+    assert.equal(parse(dialect, ["a <tool"], false, []).content, "a <tool");
+    // A held piece of another tag is not a call tag: "</thi" stays text.
+    assert.equal(parse(dialect, ["x </thi"]).content, "x </thi");
+  }
+});

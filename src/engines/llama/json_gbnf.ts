@@ -257,7 +257,9 @@ export class JsonGrammar {
       try {
         new RegExp(source as string, "u");
       } catch (e) {
-        bad(path, key, `is not a valid regular expression (ECMA-262, unicode mode): ${(e as Error).message}`);
+        // V8 quotes the whole pattern in its message: only the reason is kept.
+        const reason = (e as Error).message.replace(/^Invalid regular expression: \/.*\/[a-z]*: /s, "");
+        bad(path, key, `is not a valid regular expression (ECMA-262, unicode mode): ${reason.slice(0, 200)}`);
       }
     };
     while (stack.length > 0) {

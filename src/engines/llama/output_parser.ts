@@ -88,10 +88,14 @@ export class OutputParser {
     return out;
   }
 
-  /** Flushes held text; a call the output ended inside is closed as incomplete (never shown as text). */
+  /**
+   * Flushes held text; a call the output ended inside is closed as incomplete, and a call tag it
+   * ended inside is dropped (neither is ever shown as text).
+   */
   end(): OutputPiece[] {
     const out: OutputPiece[] = [];
-    if (this.#held) this.#emit(out, this.#held);
+    const cutCallTag = this.#tools.length > 0 && this.#dialect.open.startsWith(this.#held);
+    if (this.#held && !cutCallTag) this.#emit(out, this.#held);
     this.#held = "";
     if (this.#mode === "call") this.#closeCall(out, false);
     return out;
