@@ -21,6 +21,8 @@ export interface LlamaEmbeddingOptions {
   sequences?: number;
   /** Tokens per decode. */
   batchTokens?: number;
+  /** Largest step run as one decode with outputs for every token (default: from the model's shape). */
+  onePassTokens?: number;
 }
 
 /** Counters for metrics and tests. */
@@ -49,6 +51,14 @@ interface Input {
 const RESERVED_SEQS = 4;
 /** Body tokens per step while several requests share the engine: shorter steps, sooner turns. */
 const SHARED_STEP_TOKENS = 128;
+/**
+ * A step of at most this many times (other parameters / vocabulary projection) tokens runs as one
+ * decode with embedding output on, which projects every token onto the vocabulary; a longer one runs
+ * its bodies without outputs and then its last tokens. Fitted on the bench and spec stand-ins: one
+ * pass wins below ~16 tokens on a 0.6B shape (a second decode costs more than projecting a few
+ * tokens) and never on a tiny model with a 4096-wide, 151,669-row head.
+ */
+const ONE_PASS_FACTOR = 5;
 /** Extra KV cells beyond the longest input, so short inputs are admitted beside a long one. */
 const RESERVE = 2048;
 const POOLING_IDS: Record<string, "mean" | "cls" | "last"> = { "1": "mean", "2": "cls", "3": "last" };
@@ -61,6 +71,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly #model: NativeModel;
   readonly #ctx: NativeContext;
   readonly #batch: Batch;
+  /** Steps of at most this many tokens, all finishing their inputs, take one decode. */
+  readonly #onePassTokens: number;
   readonly #queue: Input[] = [];
   readonly #active: Input[] = [];
   readonly #freeSeqs: number[];
@@ -79,6 +91,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     ctx: NativeContext,
     batch: Batch,
     pooling: "last" | "mean" | "cls",
+    onePassTokens?: number,
   ) {
     this.#model = model;
     this.#ctx = ctx;
@@ -87,6 +100,10 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     this.nativeDims = model.nEmbd;
     this.vocabSize = model.nVocab;
     this.#freeSeqs = Array.from({ length: ctx.nSeqMax }, (_, i) => i);
+    const head = model.nVocab * model.nEmbd;
+    // Parameters besides the token table (counted once: tied or not, it is the head's size).
+    this.#onePassTokens = onePassTokens ??
+      Math.floor(ONE_PASS_FACTOR * Math.max(0, model.nParams - head) / head);
     if (model.eos < 0) throw new Error("the embedding model has no end-of-text token");
   }
 
@@ -116,7 +133,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         pooling: "none",
         kvUnified: true,
       });
-      return new LlamaEmbeddingEngine(model, ctx, new Batch(lib, batchTokens), pooling);
+      return new LlamaEmbeddingEngine(model, ctx, new Batch(lib, batchTokens), pooling, opts.onePassTokens);
     } catch (e) {
       model.free();
       throw e;
@@ -228,6 +245,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * a batch of outputs (measured: +890 MiB, kept, for an 8192-token input in one pass).
    */
   async #stepLast() {
+    if (await this.#onePass()) return;
     const batch = this.#batch;
     batch.clear();
     const byRemaining = [...this.#active].sort((a, b) => (a.ids.length - a.fed) - (b.ids.length - b.fed));
@@ -257,6 +275,32 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       input.fed++;
       this.#done(input, this.#row(outs[k]).slice());
     });
+  }
+
+  /**
+   * Short work (a lone short input, say) in one decode with embedding output on: every token is
+   * projected onto the vocabulary, which costs less than a second decode when the tokens are few.
+   * False when the step is too large or an input would not finish in it.
+   */
+  async #onePass(): Promise<boolean> {
+    const remaining = this.#active.reduce((n, i) => n + i.ids.length - i.fed, 0);
+    if (remaining > this.#onePassTokens || remaining > this.#batch.capacity) return false;
+    const batch = this.#batch;
+    batch.clear();
+    const outs = this.#active.map((input) => {
+      let out = -1;
+      for (let i = input.fed; i < input.ids.length; i++) {
+        out = batch.add(input.ids[i], i, input.seq, i === input.ids.length - 1);
+      }
+      return { input, out };
+    });
+    this.#ctx.setEmbeddings(true);
+    await this.#decode();
+    for (const { input, out } of outs) {
+      input.fed = input.ids.length;
+      this.#done(input, this.#row(out).slice());
+    }
+    return true;
   }
 
   /** Every token with its state (mean or CLS pooling), chunk by chunk. */

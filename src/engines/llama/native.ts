@@ -170,6 +170,11 @@ export class NativeModel {
   }
 
   /** Bytes of weights. */
+  /** Parameters in all (token table included). */
+  get nParams(): number {
+    return Number(this.lib.symbols.llama_model_n_params(this.ptr));
+  }
+
   get sizeBytes(): number {
     return Number(this.lib.symbols.llama_model_size(this.ptr));
   }
