@@ -169,12 +169,12 @@ export class NativeModel {
     return prefix >= 0 && suffix >= 0 && middle >= 0 ? { prefix, suffix, middle } : undefined;
   }
 
-  /** Bytes of weights. */
   /** Parameters in all (token table included). */
   get nParams(): number {
     return Number(this.lib.symbols.llama_model_n_params(this.ptr));
   }
 
+  /** Bytes of weights. */
   get sizeBytes(): number {
     return Number(this.lib.symbols.llama_model_size(this.ptr));
   }
