@@ -559,3 +559,39 @@ Deno.test("xml dialect grammar: string parameters keep their pattern, format, le
   assert.ok(!accepts(gbnf, call("AB", "tomorrow")), "each alternative keeps its format");
   assert.deepEqual([...g.validated], []);
 });
+
+Deno.test("xml dialect grammar: parameters that $ref the tool's $defs (pydantic) resolve; string enums stay raw", () => {
+  const g = new JsonGrammar();
+  const parameters = {
+    type: "object",
+    $defs: {
+      Unit: { type: "string", enum: ["celsius", "fahrenheit"] },
+      Place: {
+        type: "object",
+        properties: { city: { type: "string" }, country: { $ref: "#/$defs/Country" } },
+        required: ["city", "country"],
+      },
+      Country: { type: "string", pattern: "^[A-Z]{2}$" },
+    },
+    properties: {
+      place: { $ref: "#/$defs/Place" },
+      unit: { allOf: [{ $ref: "#/$defs/Unit" }], description: "pydantic's wrapped reference" },
+    },
+    required: ["place", "unit"],
+  };
+  const gbnf = g.rules.text(
+    `root ::= ${xmlDialect.callRule(g, { name: "f", parameters }, "tools[0].function.parameters", "t0")}`,
+  );
+  const call = (place: string, unit: string) =>
+    `<tool_call>\n<function=f>\n<parameter=place>\n${place}\n</parameter>\n<parameter=unit>\n${unit}\n</parameter>\n</function>\n</tool_call>`;
+  assert.ok(accepts(gbnf, call('{"city": "Rome", "country": "IT"}', "celsius")));
+  assert.ok(
+    !accepts(gbnf, call('{"city": "Rome", "country": "Italy"}', "celsius")),
+    "nested $ref keeps its pattern",
+  );
+  assert.ok(
+    !accepts(gbnf, call('{"city": "Rome", "country": "IT"}', '"celsius"')),
+    "a string enum is raw text",
+  );
+  assert.ok(!accepts(gbnf, call('{"city": "Rome", "country": "IT"}', "kelvin")));
+});

@@ -67,16 +67,35 @@ export class JsonCompactor {
   }
 }
 
-/** True when every value `schema` allows is a string (the XML dialect then writes it raw). */
-export function isStringSchema(schema: unknown): boolean {
-  if (typeof schema !== "object" || schema === null) return false;
+/**
+ * True when every value `schema` allows is a string (the XML dialect then writes it raw); local
+ * `$ref`s are followed through `root` (the tool's parameter schema, where pydantic puts `$defs`).
+ */
+export function isStringSchema(schema: unknown, root?: unknown, depth = 0): boolean {
+  if (typeof schema !== "object" || schema === null || depth > 16) return false;
   const s = schema as Record<string, unknown>;
+  if (typeof s.$ref === "string") return isStringSchema(resolveRef(root, s.$ref), root, depth + 1);
   if (s.type === "string") return true;
   if (Array.isArray(s.enum)) return s.enum.length > 0 && s.enum.every((v) => typeof v === "string");
   if (s.const !== undefined) return typeof s.const === "string";
-  const alts = (s.anyOf ?? s.oneOf) as unknown[] | undefined;
-  if (Array.isArray(alts)) return alts.length > 0 && alts.every(isStringSchema);
+  const alts = (s.anyOf ?? s.oneOf ?? s.allOf) as unknown[] | undefined;
+  if (Array.isArray(alts)) {
+    return alts.length > 0 &&
+      (s.allOf ? alts.some : alts.every).call(alts, (a) => isStringSchema(a, root, depth + 1));
+  }
   return false;
+}
+
+/** The target of a local `$ref` (`#/$defs/X`, `#/definitions/X`, any JSON pointer) in `root`. */
+export function resolveRef(root: unknown, ref: string): unknown {
+  if (!ref.startsWith("#")) return undefined;
+  let at: unknown = root;
+  for (const raw of ref.slice(1).split("/").slice(1)) {
+    const key = decodeURIComponent(raw).replaceAll("~1", "/").replaceAll("~0", "~");
+    if (typeof at !== "object" || at === null) return undefined;
+    at = (at as Record<string, unknown>)[key];
+  }
+  return at;
 }
 
 /** The schema of parameter `key` of `tool`, if declared. */

@@ -14,6 +14,7 @@ import {
   type CallResult,
   isStringSchema,
   parameterSchema,
+  resolveRef,
   type ToolDialect,
 } from "./types.ts";
 
@@ -36,7 +37,13 @@ export const xmlDialect: ToolDialect = {
       params = `( "<parameter=" [a-zA-Z0-9_.-]{1,64} ">\\n" ${free} ${gbnfLiteral(`${VALUE_END}\n`)} )*`;
     } else {
       params = names.map((key) => {
-        const value = valueRule(grammar, props[key], `${param}.properties.${key}`, `${hint}-${key}`);
+        const value = valueRule(
+          grammar,
+          withDefinitions(props[key], schema),
+          schema,
+          `${param}.properties.${key}`,
+          `${hint}-${key}`,
+        );
         const block = `${gbnfLiteral(`<parameter=${key}>\n`)} ${value} ${gbnfLiteral(`${VALUE_END}\n`)}`;
         return required.has(key) ? block : `( ${block} )?`;
       }).join(" ") || '""';
@@ -51,15 +58,56 @@ export const xmlDialect: ToolDialect = {
   parser: (tools) => new XmlCallParser(tools),
 };
 
+/**
+ * A parameter's schema, made self-contained: it is compiled on its own, so the parameter schema's
+ * `$defs` / `definitions` (where pydantic and zod put shared types) come along for its `$ref`s.
+ */
+function withDefinitions(schema: unknown, root: Record<string, unknown>): unknown {
+  if (typeof schema !== "object" || schema === null || Array.isArray(schema)) return schema;
+  const defs: Record<string, unknown> = {};
+  for (const k of ["$defs", "definitions"]) if (root[k] !== undefined) defs[k] = root[k];
+  return Object.keys(defs).length === 0 ? schema : { ...defs, ...schema };
+}
+
 /** A parameter value: raw text for strings, JSON otherwise. */
-function valueRule(grammar: JsonGrammar, schema: unknown, param: string, hint: string): string {
-  if (!isStringSchema(schema)) return grammar.schema(schema ?? true, param, hint);
+function valueRule(
+  grammar: JsonGrammar,
+  schema: unknown,
+  root: unknown,
+  param: string,
+  hint: string,
+): string {
+  if (!isStringSchema(schema, root)) return grammar.schema(schema ?? true, param, hint);
   return grammar.rawString(
-    schema as Record<string, unknown>,
+    inlineRefs(schema, root) as Record<string, unknown>,
     param,
     hint,
     () => textWithout(grammar.rules, `${hint}-raw`, VALUE_END),
   );
+}
+
+/** A string schema with its local `$ref`s replaced by their targets (string schemas do not recurse). */
+function inlineRefs(schema: unknown, root: unknown, depth = 0): unknown {
+  if (typeof schema !== "object" || schema === null || depth > 16) return schema;
+  const s = { ...schema as Record<string, unknown> };
+  delete s.$defs;
+  delete s.definitions;
+  if (typeof s.$ref === "string") {
+    const target = resolveRef(root, s.$ref);
+    delete s.$ref;
+    const inner = inlineRefs(target, root, depth + 1);
+    return typeof inner === "object" && inner !== null ? { ...inner as Record<string, unknown>, ...s } : s;
+  }
+  for (const k of ["anyOf", "oneOf", "allOf"]) {
+    if (Array.isArray(s[k])) s[k] = (s[k] as unknown[]).map((a) => inlineRefs(a, root, depth + 1));
+  }
+  if (Array.isArray(s.allOf)) {
+    // allOf of string schemas (pydantic wraps a referenced enum this way): their merge.
+    const parts = s.allOf as Record<string, unknown>[];
+    delete s.allOf;
+    return Object.assign({}, ...parts, s);
+  }
+  return s;
 }
 
 const FUNCTION_OPEN = /^\s*<function=([^>\n]{1,128})>\n?/;
@@ -117,7 +165,7 @@ class XmlCallParser implements CallParser {
         const key = p[1].trim();
         this.#buffer = this.#buffer.slice(p[0].length);
         const schema = parameterSchema(this.#tool, key);
-        this.#param = { key, raw: isStringSchema(schema), value: "", sent: 0 };
+        this.#param = { key, raw: isStringSchema(schema, this.#tool?.parameters), value: "", sent: 0 };
         out.push({ type: "arguments", text: `${this.#count === 0 ? "{" : ","}${JSON.stringify(key)}:` });
         this.#count++;
         if (this.#param.raw) out.push({ type: "arguments", text: '"' });
