@@ -1,12 +1,15 @@
 /**
  * Hardening, one test per finding of the adversarial drill: memory per embedding request,
- * event-loop freezes from huge schemas, metrics cardinality, cancellation of non-streaming work
- * with large bodies, admission by work, and hostile transport (deep schemas, bad paths, aborted
- * uploads, slowloris, huge echoed strings).
+ * event-loop freezes from huge or costly schemas, metrics cardinality, cancellation of
+ * non-streaming work with large bodies, admission by work (embeddings and chat prefill), and
+ * hostile transport (deep schemas, bad paths, aborted uploads, slowloris, huge echoed strings).
  */
 import assert from "node:assert/strict";
 import { postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
+import { GbnfRules } from "../src/engines/llama/gbnf.ts";
+import { AutomatonCache } from "../src/engines/llama/regex_gbnf.ts";
 
 const KEY = "test-key";
 const CHAT = "vserve/tiny-chat";
@@ -34,34 +37,105 @@ function rssMiB(): number {
   return Number(/VmRSS:\s+(\d+)/.exec(status)![1]) / 1024;
 }
 
+/** An engine counter from /metrics; a missing series fails the test (it is not read as 0). */
 async function counter(name: string, model: string): Promise<number> {
   const text = await (await fetch(url("/metrics"))).text();
-  const line = text.split("\n").find((l) => l.startsWith(`vserve_engine_${name}_total{model="${model}"}`));
-  return Number(line?.split(" ").at(-1) ?? 0);
+  const series = `vserve_engine_${name}_total{model="${model}"}`;
+  const line = text.split("\n").find((l) => l.startsWith(series));
+  assert.ok(line, `/metrics has ${series}`);
+  return Number(line.split(" ").at(-1));
 }
 
-/** Sends a raw HTTP/1.1 request and closes the socket after `closeAfterMs` without reading. */
-async function sendAndLeave(path: string, body: string, closeAfterMs: number): Promise<void> {
+/** Sends a raw HTTP/1.1 request without reading the answer; returns the function that hangs up. */
+async function sendRaw(path: string, body: string): Promise<() => void> {
   const conn = await Deno.connect({ hostname: host.hostname, port: Number(host.port) });
   const bytes = new TextEncoder().encode(body);
   const head = `POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\n` +
     `Content-Type: application/json\r\nContent-Length: ${bytes.length}\r\n\r\n`;
   await conn.write(new TextEncoder().encode(head));
   await conn.write(bytes);
-  await new Promise((r) => setTimeout(r, closeAfterMs));
-  conn.close();
+  return () => conn.close();
 }
 
-/** Polls `read` until it stops changing for `quietMs`; returns the time from `since` to the last change. */
-async function settles(read: () => Promise<number>, since: number, quietMs = 1200): Promise<number> {
+/** Polls `check` every 50 ms until it holds; false when it still does not after `timeoutMs`. */
+async function eventually(check: () => Promise<boolean>, timeoutMs: number): Promise<boolean> {
+  const end = performance.now() + timeoutMs;
+  while (performance.now() < end) {
+    if (await check()) return true;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return false;
+}
+
+/**
+ * Polls `read` until it stops changing for `quietMs`; returns the time from `since` to its last
+ * change, or Infinity when it is still changing after `maxMs`.
+ */
+async function settles(
+  read: () => Promise<number>,
+  since: number,
+  quietMs = 1200,
+  maxMs = 8000,
+): Promise<number> {
   let last = await read();
   let changedAt = performance.now();
   while (performance.now() - changedAt < quietMs) {
+    if (performance.now() - since > maxMs) return Infinity;
     await new Promise((r) => setTimeout(r, 100));
     const v = await read();
     if (v !== last) [last, changedAt] = [v, performance.now()];
   }
   return changedAt - since;
+}
+
+/**
+ * GETs `target` every `everyMs` from a worker (an event loop and heap of its own, so the test's own
+ * work and garbage collection do not delay the probes) until `stop`, which gives the latencies.
+ * Resolves once a first (uncounted) request has warmed the worker's connection.
+ */
+async function probe(target: string, everyMs: number): Promise<{ stop(): Promise<number[]> }> {
+  const code = `
+    let stopped = false;
+    const get = async () => {
+      const t = performance.now();
+      const res = await fetch(${JSON.stringify(target)});
+      await res.body?.cancel();
+      return performance.now() - t;
+    };
+    self.onmessage = () => void (stopped = true);
+    await get();
+    self.postMessage("ready");
+    const latencies = [];
+    while (!stopped) {
+      latencies.push(await get());
+      await new Promise((r) => setTimeout(r, ${everyMs}));
+    }
+    self.postMessage(latencies);`;
+  const worker = new Worker(URL.createObjectURL(new Blob([code], { type: "text/javascript" })), {
+    type: "module",
+  });
+  const messages: unknown[] = [];
+  let wake = () => {};
+  worker.onmessage = (e) => (messages.push(e.data), wake());
+  const next = async () => {
+    while (messages.length === 0) await new Promise<void>((r) => (wake = r));
+    return messages.shift();
+  };
+  await next();
+  return {
+    async stop() {
+      worker.postMessage("stop");
+      const latencies = await next() as number[];
+      worker.terminate();
+      return latencies;
+    },
+  };
+}
+
+/** Access-log lines of `route` answered with `status`. */
+function logged(route: string, status: number): number {
+  return server.logs.filter((l) => l.includes(`"route":"${route}"`) && l.includes(`"status":${status}`))
+    .length;
 }
 
 serverTest("an 8192-token embedding costs a bounded amount of memory, returned afterwards", async () => {
@@ -82,38 +156,150 @@ serverTest("an 8192-token embedding costs a bounded amount of memory, returned a
   assert.ok(rssMiB() - baseline < 64, `after: ${(rssMiB() - baseline).toFixed(0)} MiB over baseline`);
 });
 
-serverTest("/health stays fast while a 100,000-entry enum is refused and a long prompt runs", async () => {
-  const enumValues = Array.from({ length: 100_000 }, (_, i) => `value-${i}`);
-  const huge = postJson(url("/v1/chat/completions"), {
-    model: CHAT,
-    messages: [{ role: "user", content: "x" }],
-    response_format: { type: "json_schema", json_schema: { name: "x", schema: { enum: enumValues } } },
-  }, KEY);
-  const long = postJson(url("/v1/chat/completions"), {
-    model: CHAT,
-    messages: [{ role: "user", content: "many words here ".repeat(600) }],
-    max_tokens: 100,
-    logit_bias: { "151643": -100, "151645": -100 },
-  }, KEY);
-  const latencies: number[] = [];
-  let done = false;
-  Promise.all([huge, long]).finally(() => (done = true));
-  while (!done) {
-    const t = performance.now();
-    const res = await fetch(url("/health"));
-    await res.body?.cancel();
-    latencies.push(performance.now() - t);
-    await new Promise((r) => setTimeout(r, 20));
+/** A JSON schema whose 9 patterns each need a 2,048-state automaton: allowed, but costly to compile. */
+function patternSchema(count: number, suffix = ""): Record<string, unknown> {
+  const properties = Object.fromEntries(
+    Array.from(
+      { length: count },
+      (_, i) => [`p${i}`, { type: "string", pattern: `^(a|b)*a(a|b){10}${suffix}$` }],
+    ),
+  );
+  return { type: "object", properties };
+}
+
+serverTest(
+  "/health answers in under 50 ms while costly and huge schemas and a long prompt are processed",
+  async () => {
+    // The issue's bound, on the slowest probe: a grammar built on the request thread stalled every
+    // route for 220 ms with the pattern schema (390 ms with 12 patterns) and 103 s with the enum.
+    // The bias makes the first token '{', which the grammars allow: the sampler then checks that one
+    // token instead of masking the whole vocabulary (a per-token cost of its own, not measured here).
+    const brace =
+      (await postJson(url("/tokenize"), { model: CHAT, content: "{", add_special_tokens: false }, KEY))
+        .body.tokens[0];
+    // Bodies are written before probing starts: this process's own work would delay the probes.
+    const chat = (schema: unknown) =>
+      JSON.stringify({
+        model: CHAT,
+        messages: [{ role: "user", content: "x" }],
+        max_tokens: 1,
+        logit_bias: { [brace]: 100 },
+        response_format: { type: "json_schema", json_schema: { name: "x", schema } },
+      });
+    const huge = chat({ enum: Array.from({ length: 100_000 }, (_, i) => `value-${i}`) });
+    /** The slowest probe while the requests run (new patterns each time: nothing is cached). */
+    const slowestProbe = async (round: string) => {
+      const bodies = [
+        chat(patternSchema(9, `${round}a`)),
+        chat(patternSchema(9, `${round}b`)),
+        chat(patternSchema(12, `${round}c`)),
+        huge,
+        JSON.stringify({
+          model: CHAT,
+          messages: [{ role: "user", content: `${crypto.randomUUID()} ${"many words here ".repeat(600)}` }],
+          max_tokens: 20,
+          logit_bias: { "151643": -100, "151645": -100 },
+        }),
+      ];
+      const prober = await probe(url("/health"), 10);
+      const latencies: number[] = [];
+      let results;
+      try {
+        results = await Promise.all(bodies.map((body) => postJson(url("/v1/chat/completions"), body, KEY)));
+        await new Promise((r) => setTimeout(r, 100));
+      } finally {
+        latencies.push(...await prober.stop());
+      }
+      const [nine, nineOther, twelve, enumOfAll, long] = results;
+      assert.equal(nine.status, 200, JSON.stringify(nine.body).slice(0, 300));
+      assert.equal(nineOther.status, 200, JSON.stringify(nineOther.body).slice(0, 300));
+      assertApiError(twelve, 400, { code: "schema_too_large", param: "response_format.json_schema.schema" });
+      assertApiError(enumOfAll, 400, {
+        code: "schema_too_large",
+        param: "response_format.json_schema.schema",
+      });
+      assert.match(enumOfAll.body.error.message, /1000 enum values/);
+      assert.equal(long.status, 200);
+      assert.ok(latencies.length >= 10, `${latencies.length} probes`);
+      return Math.max(...latencies);
+    };
+    // A stall of the server shows in every run; a one-off hiccup of this shared 2-core machine
+    // (another process holding both cores) in one only: a second run tells them apart.
+    const runs = [await slowestProbe("x")];
+    if (runs[0] >= 50) runs.push(await slowestProbe("y"));
+    assert.ok(
+      Math.min(...runs) < 50,
+      `slowest /health probe per run: ${runs.map((ms) => ms.toFixed(1)).join(", ")} ms`,
+    );
+  },
+);
+
+/** The grammar text of `schema`, built through `automata` (in slices) or, without, at once. */
+function schemaGrammar(schema: unknown, automata?: AutomatonCache): string {
+  const g = new JsonGrammar(new GbnfRules("", automata));
+  return g.rules.text(`root ::= ${g.schema(schema, "response_format", "out")}`);
+}
+
+Deno.test("a costly grammar is built in slices with the event loop running between them", async () => {
+  const automata = new AutomatonCache();
+  const schema = patternSchema(9, "e");
+  let ticks = 0;
+  const timer = setInterval(() => ticks++, 1);
+  let text: string;
+  try {
+    text = await automata.build(() => schemaGrammar(schema, automata));
+  } finally {
+    clearInterval(timer);
   }
-  const refused = await huge;
-  assertApiError(refused, 400, { code: "schema_too_large", param: "response_format.json_schema.schema" });
-  assert.match(refused.body.error.message, /1000 enum values/);
-  assert.equal((await long).status, 200);
-  latencies.sort((a, b) => a - b);
-  const p50 = latencies[Math.floor(latencies.length / 2)];
-  assert.ok(latencies.length >= 5, `${latencies.length} probes`);
-  assert.ok(p50 < 50, `/health p50 ${p50.toFixed(1)} ms over ${latencies.length} probes`);
+  // Built at once, no timer could have fired before the build's promise settled.
+  assert.ok(ticks >= 3, `${ticks} timer ticks during the build`);
+  assert.equal(text, schemaGrammar(schema), "the same grammar as built at once");
 });
+
+Deno.test("each pattern is compiled once: a second build, or another schema with it, compiles nothing", async () => {
+  const automata = new AutomatonCache();
+  await automata.build(() => schemaGrammar(patternSchema(9, "f"), automata));
+  assert.equal(automata.compiled, 1, "nine properties with one pattern: one automaton");
+  await automata.build(() => schemaGrammar(patternSchema(9, "f"), automata));
+  await automata.build(() => schemaGrammar({ type: "array", items: patternSchema(2, "f") }, automata));
+  assert.equal(automata.compiled, 1);
+  // A refusal is kept too: a costly refused pattern costs once.
+  const costly = { type: "string", pattern: "^(a|b)*a(a|b){11}$" };
+  for (let i = 0; i < 2; i++) {
+    await assert.rejects(automata.build(() => schemaGrammar(costly, automata)), /too large an automaton/);
+  }
+  assert.equal(automata.compiled, 2);
+});
+
+serverTest(
+  "a pattern too costly to compile is a 400 naming the limit and the field, whatever its shape",
+  async () => {
+    const alternatives = Array.from({ length: 300 }, (_, i) => String.fromCharCode(0x100 + i * 3)).join("|");
+    const cases: [string, RegExp][] = [
+      [`^(${alternatives})*x(${alternatives}){6}$`, /1000000 automaton steps/],
+      ["^(((a{256}){256}){256})$", /20000 automaton states/],
+      [`${"(".repeat(5000)}a${")".repeat(5000)}`, /nests groups over 64 deep/],
+      [`^${"ab".repeat(10_000)}$`, /longer than 16384 characters/],
+    ];
+    for (const [pattern, limit] of cases) {
+      const res = await postJson(url("/v1/chat/completions"), {
+        model: CHAT,
+        messages: [{ role: "user", content: "x" }],
+        tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }, {
+          type: "function",
+          function: {
+            name: "g",
+            parameters: { type: "object", properties: { s: { type: "string", pattern } } },
+          },
+        }],
+        tool_choice: "required",
+        max_tokens: 1,
+      }, KEY);
+      assertApiError(res, 400, { code: "schema_too_large", param: "tools[1].function.parameters" });
+      assert.match(res.body.error.message, limit);
+    }
+  },
+);
 
 serverTest("10,000 unknown paths leave /metrics small and working", async () => {
   for (let i = 0; i < 10_000; i += 200) {
@@ -133,6 +319,7 @@ serverTest("10,000 unknown paths leave /metrics small and working", async () => 
 
 serverTest("a non-streaming chat with a large body stops within a second of its client leaving", async () => {
   const before = await counter("tokens_generated", CHAT);
+  const cancelled = logged("/v1/chat/completions", 499);
   const body = JSON.stringify({
     model: CHAT,
     messages: [{ role: "system", content: "padding ".repeat(1000) }, { role: "user", content: "Go on" }],
@@ -140,47 +327,94 @@ serverTest("a non-streaming chat with a large body stops within a second of its 
     logit_bias: { "151643": -100, "151645": -100 },
   });
   assert.ok(body.length > 5000);
-  const leftAt = performance.now() + 1500;
-  await sendAndLeave("/v1/chat/completions", body, 1500);
+  const leave = await sendRaw("/v1/chat/completions", body);
+  const started = await eventually(async () => (await counter("tokens_generated", CHAT)) > before, 30_000);
+  assert.ok(started, "generation started before the client left");
+  const leftAt = performance.now();
+  leave();
   const lag = await settles(() => counter("tokens_generated", CHAT), leftAt);
   const generated = (await counter("tokens_generated", CHAT)) - before;
   assert.ok(generated > 0 && generated < 1000, `${generated} tokens generated`);
   assert.ok(lag < 1000, `generation went on ${lag.toFixed(0)} ms after the client left`);
-  await new Promise((r) => setTimeout(r, 200));
   assert.ok(
-    server.logs.some((l) => l.includes('"route":"/v1/chat/completions"') && l.includes('"status":499')),
-    "logged as 499",
+    await eventually(() => Promise.resolve(logged("/v1/chat/completions", 499) > cancelled), 2000),
+    "logged 499",
   );
 });
 
 serverTest("an embeddings request of 300 inputs stops within a second of its client leaving", async () => {
   const before = await counter("tokens_evaluated", EMBED);
+  const cancelled = logged("/v1/embeddings", 499);
   const input = Array.from({ length: 300 }, (_, i) => `sentence ${i} `.repeat(20));
-  const leftAt = performance.now() + 800;
-  await sendAndLeave("/v1/embeddings", JSON.stringify({ model: EMBED, input }), 800);
+  const leave = await sendRaw("/v1/embeddings", JSON.stringify({ model: EMBED, input }));
+  const started = await eventually(async () => (await counter("tokens_evaluated", EMBED)) > before, 30_000);
+  assert.ok(started, "evaluation started before the client left");
+  const leftAt = performance.now();
+  leave();
   const lag = await settles(() => counter("tokens_evaluated", EMBED), leftAt);
   const evaluated = (await counter("tokens_evaluated", EMBED)) - before;
-  assert.ok(evaluated < 300 * 60, `${evaluated} of ~${300 * 81} tokens evaluated`);
+  assert.ok(evaluated > 0 && evaluated < 300 * 60, `${evaluated} of ~${300 * 81} tokens evaluated`);
   assert.ok(lag < 1000, `embedding went on ${lag.toFixed(0)} ms after the client left`);
+  assert.ok(
+    await eventually(() => Promise.resolve(logged("/v1/embeddings", 499) > cancelled), 2000),
+    "logged 499",
+  );
 });
 
-serverTest("a one-word embedding is answered while a 1,000-input request is still running", async () => {
-  // Ordering, not a time limit: with fair admission the small request finishes first, whatever
-  // the machine's speed (without it, it would wait for the 1,000 inputs ahead of it).
+serverTest("a one-word embedding is served within 2 s while a 1,000-input request runs", async () => {
+  // The issue's bound, and the order: with fair admission the small request finishes first,
+  // whatever the machine's speed (without it, it waited 97 s for the 1,000 inputs ahead of it).
+  const before = await counter("inputs_embedded", EMBED);
   const input = Array.from({ length: 1000 }, (_, i) => `document number ${i} about things`);
   let bigDone = false;
   const big = postJson(url("/v1/embeddings"), { model: EMBED, input }, KEY).then((r) => {
     bigDone = true;
     return r;
   });
-  await new Promise((r) => setTimeout(r, 300));
+  const running = await eventually(async () => (await counter("inputs_embedded", EMBED)) > before, 30_000);
+  assert.ok(running && !bigDone, "the 1,000-input request is running");
+  const sent = performance.now();
   const small = await postJson(url("/v1/embeddings"), { model: EMBED, input: "hello" }, KEY);
+  const ms = performance.now() - sent;
   assert.equal(small.status, 200);
   assert.equal(bigDone, false, "the one-word request waited for the whole 1,000-input request");
+  assert.ok(ms < 2000, `the one-word request took ${ms.toFixed(0)} ms`);
   const bigRes = await big;
   assert.equal(bigRes.status, 200);
   assert.equal(bigRes.body.data.length, 1000);
 });
+
+serverTest(
+  "a one-token chat request finishes while a 28k-token prompt is still being prefilled",
+  async () => {
+    // Prompt chunks go round-robin between prompts: the short one is not queued behind the long one.
+    const before = await counter("prompt_tokens_evaluated", CHAT);
+    let longDone = false;
+    const long = postJson(url("/v1/chat/completions"), {
+      model: CHAT,
+      messages: [{ role: "user", content: `${crypto.randomUUID()} ${"hello ".repeat(28_000)}` }],
+      max_tokens: 1,
+    }, KEY).then((r) => {
+      longDone = true;
+      return r;
+    });
+    const prefilling = await eventually(
+      async () => (await counter("prompt_tokens_evaluated", CHAT)) - before >= 1024,
+      60_000,
+    );
+    assert.ok(prefilling && !longDone, "the long prompt is being prefilled");
+    const short = await postJson(url("/v1/chat/completions"), {
+      model: CHAT,
+      messages: [{ role: "user", content: `${crypto.randomUUID()} hi` }],
+      max_tokens: 1,
+    }, KEY);
+    assert.equal(short.status, 200);
+    assert.equal(longDone, false, "the short request waited for the long prompt");
+    const longRes = await long;
+    assert.equal(longRes.status, 200, JSON.stringify(longRes.body).slice(0, 300));
+    assert.ok(longRes.body.usage.prompt_tokens > 28_000, `${longRes.body.usage.prompt_tokens} prompt tokens`);
+  },
+);
 
 serverTest("a request over the embedding work budget is refused with 429 while others run", async () => {
   const first = postJson(`${edge.url}/v1/embeddings`, { model: EMBED, input: "a ".repeat(1500) }, KEY);

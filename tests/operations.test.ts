@@ -383,11 +383,19 @@ function adversarialCases(): { path: string; body: BodyInit; contentType?: strin
     path: chat,
     body: JSON.stringify({ model: CHAT, messages: user, tools, tool_choice: "required", max_tokens: 8 }),
   });
-  // The hardening findings: deep and huge schemas, a huge echoed model value.
+  // The hardening findings: deep, huge and costly schemas, a huge echoed model value.
   let deep: unknown = {};
   for (let i = 0; i < 3000; i++) deep = { type: "array", items: deep };
   const bigEnum = { enum: Array.from({ length: 100_000 }, (_, i) => `v${i}`) };
-  for (const schema of [deep, bigEnum]) {
+  // Patterns whose automata would take seconds, gigabytes or the whole stack to build.
+  const alternatives = Array.from({ length: 300 }, (_, i) => String.fromCharCode(0x100 + i * 3)).join("|");
+  const costlyPatterns = [
+    `^(${alternatives})*x(${alternatives}){6}$`,
+    "^(((a{256}){256}){256})$",
+    `${"(".repeat(20_000)}a${")".repeat(20_000)}`,
+    `^(a|b)*a(a|b){11}$`,
+  ].map((pattern) => ({ type: "object", properties: { s: { type: "string", pattern } } }));
+  for (const schema of [deep, bigEnum, ...costlyPatterns]) {
     for (
       const patch of [
         { response_format: { type: "json_schema", json_schema: { name: "x", schema } } },

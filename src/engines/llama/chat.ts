@@ -20,7 +20,8 @@ import { Scheduler, type SchedulerStats } from "./scheduler.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
 import { JsonGrammar } from "./json_gbnf.ts";
-import { textWithout } from "./gbnf.ts";
+import { GbnfRules, LruCache, textWithout } from "./gbnf.ts";
+import { AutomatonCache } from "./regex_gbnf.ts";
 import { ChatTemplate, type ThinkingFacts } from "./template.ts";
 import { dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.ts";
 import { OutputParser, type OutputPiece } from "./output_parser.ts";
@@ -46,6 +47,14 @@ export interface LlamaChatOptions {
 const MAX_PARALLEL_CALLS = 8;
 /** Prompt tokens per decode step (llama.cpp's micro-batch). */
 const CHUNK = 512;
+/** Grammars kept by their inputs: at most this many, of at most this many characters in all. */
+const GRAMMAR_CACHE = { entries: 256, chars: 64 * 1024 * 1024 };
+
+/** What constrains a job's output: a grammar, nothing, or a refusal (a 400), as built from its inputs. */
+type GrammarPlan =
+  | { kind: "grammar"; text: string; trigger?: GrammarTrigger }
+  | { kind: "none" }
+  | { kind: "refused"; error: EngineInputError };
 
 /** A chat model on one llama.cpp context with `parallel` sequences. */
 export class LlamaChatEngine implements ChatEngine {
@@ -63,6 +72,10 @@ export class LlamaChatEngine implements ChatEngine {
   readonly #log: Logger;
   /** Tokens of the text that opens a tool call (a single token makes the lazy grammar cheap). */
   readonly #openTokens: number[];
+  /** Grammars by their inputs: each schema is compiled once. */
+  readonly #plans = new LruCache<GrammarPlan>(GRAMMAR_CACHE.entries, GRAMMAR_CACHE.chars);
+  /** Automata of JSON-schema `pattern`s, shared by every grammar of this model. */
+  readonly #automata = new AutomatonCache();
 
   private constructor(
     model: NativeModel,
@@ -194,7 +207,7 @@ export class LlamaChatEngine implements ChatEngine {
     }
     const inThink = /<think>\s*$/.test(prompt);
     const thinking = inThink || (this.thinking.switchable && (job.enableThinking ?? this.thinking.defaultOn));
-    const grammar = this.#grammar(job, inThink, thinking);
+    const grammar = await this.#grammar(job, inThink, thinking, signal);
     const grammars = Array.from({ length: job.n }, (_, i) => i === 0 ? grammar : grammar?.clone() ?? null);
     const seed = job.sampling.seed ?? Math.floor(Math.random() * 2 ** 32);
     const sampler = new TokenSampler(samplingParams(job.sampling, seed), this.#model.nVocab);
@@ -263,56 +276,114 @@ export class LlamaChatEngine implements ChatEngine {
 
   /**
    * The grammar a job needs: forced tool calls, or constrained JSON output; under `auto` a lazy
-   * grammar for calls the model opens. With thinking, a reasoning block may precede.
+   * grammar for calls the model opens. With thinking, a reasoning block may precede. Built once per
+   * distinct input ({@link #plan}) and parsed by llama.cpp off the event loop.
    */
-  #grammar(job: ChatJob, inThink: boolean, thinking: boolean): GrammarConstraint | null {
-    const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
-    let text: string;
-    let trigger: GrammarTrigger | undefined;
-    if (forced) {
-      const tools = typeof job.toolChoice === "object"
-        ? job.tools.filter((t) => t.name === (job.toolChoice as { name: string }).name)
-        : job.tools;
-      text = this.#callsGrammar(job, tools, inThink, thinking);
-    } else if (job.output.type !== "text") {
-      const g = new JsonGrammar();
-      const payload = job.output.type === "json_schema"
-        ? g.schema(job.output.schema, "response_format.json_schema.schema", "out")
-        : g.schema({ type: "object" }, "response_format", "out");
-      text = g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${payload}`);
-    } else if (job.toolChoice === "auto" && job.tools.length > 0) {
-      try {
-        text = this.#callsGrammar(job, job.tools, false, false);
-      } catch (e) {
-        // `strict` promises the schema: a strict tool whose schema cannot be enforced is refused.
-        if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
-        // Otherwise `auto` promises no grammar: such calls are parsed from free text instead of failing.
-        this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
-        return null;
-      }
-      trigger = this.#openTokens.length === 1
-        ? { tokens: this.#openTokens, patterns: [] }
-        : { tokens: [], patterns: [`[\\s\\S]*?(${escapeRegExp(this.dialect.open)}[\\s\\S]*)`] };
-    } else return null;
-    const grammar = GrammarConstraint.create(this.#model, text, trigger);
+  async #grammar(job: ChatJob, inThink: boolean, thinking: boolean, signal: AbortSignal) {
+    const plan = await this.#plan(job, inThink, thinking, signal);
+    if (plan.kind === "none") return null;
+    if (plan.kind === "refused") throw plan.error;
+    const grammar = await GrammarConstraint.parse(this.#model, plan.text, plan.trigger);
     if (!grammar) {
-      this.#log.error("llama.cpp rejected a generated grammar", { grammar: text.slice(0, 2000) });
+      this.#log.error("llama.cpp rejected a generated grammar", { grammar: plan.text.slice(0, 2000) });
       throw new Error("the output grammar could not be built");
     }
     return grammar;
   }
 
+  /**
+   * What a job's grammar is, from the cache when the same inputs were seen before (the key is every
+   * input the grammar depends on, as JSON: property order is part of it, as it orders the output).
+   * Pattern automata are compiled between passes of the (synchronous) build, in slices that leave
+   * the event loop free ({@link AutomatonCache.build}).
+   */
+  async #plan(job: ChatJob, inThink: boolean, thinking: boolean, signal: AbortSignal): Promise<GrammarPlan> {
+    const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
+    const mode = forced
+      ? "forced"
+      : job.output.type !== "text"
+      ? "output"
+      : job.toolChoice === "auto" && job.tools.length > 0
+      ? "auto"
+      : undefined;
+    if (!mode) return { kind: "none" };
+    const key = JSON.stringify([
+      mode,
+      inThink,
+      thinking,
+      ...(mode === "output" ? [job.output] : [
+        job.toolChoice,
+        job.parallelToolCalls,
+        job.tools.map((t) => [t.name, t.parameters ?? null, t.strict ?? false]),
+      ]),
+    ]);
+    const cached = this.#plans.get(key);
+    if (cached) return cached;
+    let plan: GrammarPlan;
+    try {
+      plan = await this.#automata.build(() => this.#buildPlan(job, mode, inThink, thinking), signal);
+    } catch (e) {
+      if (!(e instanceof EngineInputError)) throw e;
+      plan = { kind: "refused", error: e };
+    }
+    this.#plans.set(key, plan, key.length + (plan.kind === "grammar" ? plan.text.length : 0));
+    return plan;
+  }
+
+  /** One synchronous pass of building a job's grammar (see {@link #plan}). */
+  #buildPlan(
+    job: ChatJob,
+    mode: "forced" | "output" | "auto",
+    inThink: boolean,
+    thinking: boolean,
+  ): GrammarPlan {
+    if (mode === "forced") {
+      const tools = typeof job.toolChoice === "object"
+        ? job.tools.filter((t) => t.name === (job.toolChoice as { name: string }).name)
+        : job.tools;
+      return { kind: "grammar", text: this.#callsGrammar(job, tools, inThink, thinking) };
+    }
+    if (mode === "output") {
+      const g = new JsonGrammar(new GbnfRules("", this.#automata));
+      const param = job.output.type === "json_schema"
+        ? "response_format.json_schema.schema"
+        : "response_format";
+      const payload = withParam(
+        param,
+        () =>
+          job.output.type === "json_schema"
+            ? g.schema(job.output.schema, param, "out")
+            : g.schema({ type: "object" }, param, "out"),
+      );
+      return {
+        kind: "grammar",
+        text: g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${payload}`),
+      };
+    }
+    let text: string;
+    try {
+      text = this.#callsGrammar(job, job.tools, false, false);
+    } catch (e) {
+      // `strict` promises the schema: a strict tool whose schema cannot be enforced is refused.
+      if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
+      // Otherwise `auto` promises no grammar: such calls are parsed from free text instead of failing.
+      this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
+      return { kind: "none" };
+    }
+    const trigger = this.#openTokens.length === 1
+      ? { tokens: this.#openTokens, patterns: [] }
+      : { tokens: [], patterns: [`[\\s\\S]*?(${escapeRegExp(this.dialect.open)}[\\s\\S]*)`] };
+    return { kind: "grammar", text, trigger };
+  }
+
   /** One call (or, with parallel calls, up to MAX_PARALLEL_CALLS) of the given tools. */
   #callsGrammar(job: ChatJob, tools: EngineTool[], inThink: boolean, thinking: boolean): string {
-    const g = new JsonGrammar();
-    const calls = tools.map((t) =>
-      this.dialect.callRule(
-        g,
-        t,
-        `tools[${job.tools.indexOf(t)}].function.parameters`,
-        `t${job.tools.indexOf(t)}`,
-      )
-    );
+    const g = new JsonGrammar(new GbnfRules("", this.#automata));
+    const calls = tools.map((t) => {
+      const i = job.tools.indexOf(t);
+      const param = `tools[${i}].function.parameters`;
+      return withParam(param, () => this.dialect.callRule(g, t, param, `t${i}`));
+    });
     const call = g.rules.add("call", calls.join(" | "));
     const more = job.parallelToolCalls ? ` ( "\\n" ${call} ){0,${MAX_PARALLEL_CALLS - 1}}` : "";
     return g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${call}${more}`);
@@ -340,6 +411,18 @@ function turnStarts(tokens: readonly number[], marker: number[]): number[] {
   const out: number[] = [];
   tokens.forEach((t, i) => t === marker[0] && i > 0 && out.push(i));
   return out;
+}
+
+/** Runs `build`; an input error that names no request field is given `param`. */
+function withParam<T>(param: string, build: () => T): T {
+  try {
+    return build();
+  } catch (e) {
+    if (e instanceof EngineInputError && e.param === null) {
+      throw new EngineInputError(e.message, param, e.code);
+    }
+    throw e;
+  }
 }
 
 function escapeRegExp(text: string): string {

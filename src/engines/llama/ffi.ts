@@ -127,6 +127,19 @@ const SYMBOLS = {
     parameters: ["pointer", "buffer", "buffer", "buffer", "usize", "buffer", "usize"],
     result: "pointer",
   },
+  // The same two, parsed on a thread of their own: a large grammar takes tens of milliseconds to parse.
+  llama_sampler_init_grammar_nonblocking: {
+    name: "llama_sampler_init_grammar",
+    parameters: ["pointer", "buffer", "buffer"],
+    result: "pointer",
+    nonblocking: true,
+  },
+  llama_sampler_init_grammar_lazy_patterns_nonblocking: {
+    name: "llama_sampler_init_grammar_lazy_patterns",
+    parameters: ["pointer", "buffer", "buffer", "buffer", "usize", "buffer", "usize"],
+    result: "pointer",
+    nonblocking: true,
+  },
   llama_sampler_apply: { parameters: ["pointer", "buffer"], result: "void" },
   llama_sampler_accept: { parameters: ["pointer", "i32"], result: "void" },
   llama_sampler_clone: { parameters: ["pointer"], result: "pointer" },

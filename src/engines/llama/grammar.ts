@@ -42,7 +42,8 @@ export class GrammarConstraint implements TokenFilter {
   }
 
   /**
-   * Parses `gbnf` (start symbol `root`); null when llama.cpp cannot parse it.
+   * Parses `gbnf` (start symbol `root`); null when llama.cpp cannot parse it. Blocks the calling
+   * thread for as long as llama.cpp parses: request paths use {@link parse}.
    *
    * @example
    * ```ts
@@ -51,22 +52,34 @@ export class GrammarConstraint implements TokenFilter {
    */
   static create(model: NativeModel, gbnf: string, trigger?: GrammarTrigger): GrammarConstraint | null {
     const s = model.lib.symbols;
-    let ptr: Deno.PointerValue;
-    if (!trigger) ptr = s.llama_sampler_init_grammar(model.vocab, cString(gbnf), cString("root"));
-    else {
-      const patterns = trigger.patterns.map(cString);
-      const pointers = new BigUint64Array(patterns.length + 1);
-      patterns.forEach((p, i) => (pointers[i] = BigInt(Deno.UnsafePointer.value(Deno.UnsafePointer.of(p)))));
-      ptr = s.llama_sampler_init_grammar_lazy_patterns(
-        model.vocab,
-        cString(gbnf),
-        cString("root"),
-        pointers,
-        BigInt(patterns.length),
-        new Int32Array(trigger.tokens.length ? trigger.tokens : [0]),
-        BigInt(trigger.tokens.length),
-      );
-    }
+    const a = grammarArgs(gbnf, trigger);
+    const ptr = a.lazy
+      ? s.llama_sampler_init_grammar_lazy_patterns(model.vocab, a.text, a.root, ...a.lazy)
+      : s.llama_sampler_init_grammar(model.vocab, a.text, a.root);
+    return ptr ? new GrammarConstraint(model.lib, ptr, model.nVocab) : null;
+  }
+
+  /**
+   * {@link create} on a thread of llama.cpp's own: a grammar of thousands of rules takes tens of
+   * milliseconds to parse, which must not stall the event loop.
+   *
+   * @example
+   * ```ts
+   * const g = await GrammarConstraint.parse(model, 'root ::= "yes" | "no"');
+   * ```
+   */
+  static async parse(
+    model: NativeModel,
+    gbnf: string,
+    trigger?: GrammarTrigger,
+  ): Promise<GrammarConstraint | null> {
+    const s = model.lib.symbols;
+    const a = grammarArgs(gbnf, trigger);
+    const ptr = a.lazy
+      ? await s.llama_sampler_init_grammar_lazy_patterns_nonblocking(model.vocab, a.text, a.root, ...a.lazy)
+      : await s.llama_sampler_init_grammar_nonblocking(model.vocab, a.text, a.root);
+    // The native side read these buffers until now: they stay referenced until the call returned.
+    a.keep.length = 0;
     return ptr ? new GrammarConstraint(model.lib, ptr, model.nVocab) : null;
   }
 
@@ -137,4 +150,21 @@ function tokenDataArray(data: Uint8Array, size: number): Uint8Array<ArrayBuffer>
   v.setBigUint64(8, BigInt(size), true);
   v.setBigInt64(16, -1n, true);
   return out;
+}
+
+/**
+ * The C arguments of a grammar sampler: the text, the start symbol and, for a lazy grammar, its
+ * trigger patterns and tokens. Every buffer is backed by an ArrayBuffer of its own (those never move).
+ */
+function grammarArgs(gbnf: string, trigger?: GrammarTrigger) {
+  const text = cString(gbnf);
+  const root = cString("root");
+  if (!trigger) return { text, root, lazy: undefined, keep: [] as unknown[] };
+  const patterns = trigger.patterns.map(cString);
+  const pointers = new BigUint64Array(new ArrayBuffer(8 * (patterns.length + 1)));
+  patterns.forEach((p, i) => (pointers[i] = BigInt(Deno.UnsafePointer.value(Deno.UnsafePointer.of(p)))));
+  const tokens = new Int32Array(new ArrayBuffer(4 * Math.max(1, trigger.tokens.length)));
+  tokens.set(trigger.tokens);
+  const lazy = [pointers, BigInt(patterns.length), tokens, BigInt(trigger.tokens.length)] as const;
+  return { text, root, lazy, keep: [patterns] as unknown[] };
 }

@@ -7,7 +7,14 @@
  * anywhere in the string unless anchored with `^`/`$`. Characters are emitted as a JSON string
  * needs them (`"` as `\"`, `\` as `\\`). Backreferences, lookbehinds and word boundaries have no
  * grammar: they are refused.
+ *
+ * Building an automaton can blow up (states multiply with each `(a|b)` before a `{10}`), so its work
+ * is metered and bounded ({@link PATTERN_LIMITS}), and done in steps that a request runs in short
+ * slices between other work; automata are cached by pattern ({@link AutomatonCache}).
  */
+
+import { EngineInputError } from "../types.ts";
+import { type GbnfRules, LruCache } from "./gbnf.ts";
 
 /** Thrown for a pattern the grammar cannot express; the message says what. */
 export class PatternError extends Error {
@@ -97,6 +104,7 @@ interface Pattern {
 
 class Parser {
   #i = 0;
+  #depth = 0;
   constructor(readonly src: string) {}
 
   fail(why: string): never {
@@ -182,8 +190,12 @@ class Parser {
             this.#i = this.src.indexOf(">", this.#i) + 1; // a named group matches the same strings
           } else this.fail("a lookaround inside the pattern");
         }
+        if (++this.#depth > PATTERN_LIMITS.maxNesting) {
+          throw new PatternTooLargeError(`a pattern nests groups over ${PATTERN_LIMITS.maxNesting} deep`);
+        }
         const inner = this.alternation();
         if (!this.eat(")")) this.fail("a missing ')'");
+        this.#depth--;
         return inner;
       }
       case ")":
@@ -291,6 +303,11 @@ class Nfa {
   readonly edges: { set: CharSet; to: number }[][] = [];
   readonly eps: number[][] = [];
   add(): number {
+    if (this.edges.length >= PATTERN_LIMITS.maxNfaStates) {
+      throw new PatternTooLargeError(
+        `a pattern needs over ${PATTERN_LIMITS.maxNfaStates} automaton states once its repetitions are written out`,
+      );
+    }
     this.edges.push([]);
     this.eps.push([]);
     return this.edges.length - 1;
@@ -362,7 +379,13 @@ function inSet(set: CharSet, [a, b]: [number, number]): boolean {
 }
 
 /** The automaton of strings matching `node` exactly (or with anything before/after when unanchored). */
-function compile(node: Node, alphabet: CharSet, anyBefore: boolean, anyAfter: boolean): Dfa {
+function* compile(
+  node: Node,
+  alphabet: CharSet,
+  anyBefore: boolean,
+  anyAfter: boolean,
+  meter: Meter,
+): Generator<void, Dfa> {
   const nfa = new Nfa();
   const start = nfa.add();
   let from = start;
@@ -373,16 +396,44 @@ function compile(node: Node, alphabet: CharSet, anyBefore: boolean, anyAfter: bo
   if (anyAfter) {
     end = nfa.build({ kind: "repeat", item: { kind: "set", set: ANY }, min: 0, max: undefined }, end);
   }
-  const closure = (states: number[]) => {
-    const seen = new Set(states);
-    const stack = [...states];
-    while (stack.length) for (const t of nfa.eps[stack.pop()!]) if (!seen.has(t)) seen.add(t), stack.push(t);
-    return [...seen].sort((a, b) => a - b);
+  // Each char set as the runs of letters it covers (letter indices, pairs of first and last).
+  const spans = new Map<CharSet, number[]>();
+  const spansOf = (set: CharSet): number[] => {
+    let out = spans.get(set);
+    if (out) return out;
+    out = [];
+    for (const [a, b] of set) {
+      let li = firstLetterFrom(alphabet, a);
+      const first = li;
+      while (li < alphabet.length && alphabet[li][1] <= b) li++;
+      if (li > first) out.push(first, li - 1);
+    }
+    meter.charge(set.length);
+    spans.set(set, out);
+    return out;
   };
-  const keyOf = (s: number[]) => s.join(",");
+  const mark = new Int32Array(nfa.edges.length);
+  let stamp = 0;
+  const closure = (seeds: readonly number[]): number[] => {
+    stamp++;
+    const out: number[] = [];
+    const stack: number[] = [];
+    for (const s of seeds) if (mark[s] !== stamp) (mark[s] = stamp), stack.push(s);
+    while (stack.length) {
+      const s = stack.pop()!;
+      out.push(s);
+      for (const t of nfa.eps[s]) if (mark[t] !== stamp) (mark[t] = stamp), stack.push(t);
+    }
+    meter.charge(out.length);
+    return out.sort((a, b) => a - b);
+  };
   const first = closure([start]);
-  const index = new Map([[keyOf(first), 0]]);
+  const index = new Map([[first.join(","), 0]]);
   const sets = [first];
+  // DFA state reached from a set of moved-to NFA states (the same set recurs for many letters).
+  const byMoved = new Map<string, number>();
+  const buckets: number[][] = alphabet.map(() => []);
+  const touched: number[] = [];
   const dfa: Dfa = { next: [], accepting: [] };
   for (let i = 0; i < sets.length; i++) {
     if (sets.length > MAX_STATES) {
@@ -390,24 +441,71 @@ function compile(node: Node, alphabet: CharSet, anyBefore: boolean, anyAfter: bo
     }
     const cur = sets[i];
     dfa.accepting[i] = cur.includes(end);
-    dfa.next[i] = new Map();
-    alphabet.forEach((letter, li) => {
-      const moved = cur.flatMap((s) => nfa.edges[s].filter((e) => inSet(e.set, letter)).map((e) => e.to));
-      if (moved.length === 0) return;
-      const target = closure(moved);
-      const key = keyOf(target);
-      if (!index.has(key)) {
-        index.set(key, sets.length);
-        sets.push(target);
+    const next = new Map<number, number>();
+    dfa.next[i] = next;
+    for (const s of cur) {
+      for (const e of nfa.edges[s]) {
+        const runs = spansOf(e.set);
+        for (let k = 0; k < runs.length; k += 2) {
+          meter.charge(runs[k + 1] - runs[k] + 1);
+          for (let li = runs[k]; li <= runs[k + 1]; li++) {
+            if (buckets[li].length === 0) touched.push(li);
+            buckets[li].push(e.to);
+          }
+          if (meter.due()) yield;
+        }
       }
-      dfa.next[i].set(li, index.get(key)!);
-    });
+    }
+    touched.sort((a, b) => a - b);
+    for (const li of touched) {
+      const moved = uniqueSorted(buckets[li]);
+      buckets[li] = [];
+      // Keys, lookups and closures cost more than a move: counted as such.
+      meter.charge(8 + moved.length);
+      const movedKey = moved.join(",");
+      let target = byMoved.get(movedKey);
+      if (target === undefined) {
+        const set = closure(moved);
+        const key = set.join(",");
+        target = index.get(key);
+        if (target === undefined) {
+          target = sets.length;
+          index.set(key, target);
+          sets.push(set);
+        }
+        byMoved.set(movedKey, target);
+      }
+      next.set(li, target);
+    }
+    touched.length = 0;
+    if (meter.due()) yield;
   }
   return dfa;
 }
 
+/** The distinct numbers of `list`, ascending (sorts `list` in place). */
+function uniqueSorted(list: number[]): number[] {
+  list.sort((a, b) => a - b);
+  let n = 0;
+  for (let i = 0; i < list.length; i++) if (i === 0 || list[i] !== list[i - 1]) list[n++] = list[i];
+  list.length = n;
+  return list;
+}
+
+/** The index of the first letter that ends at or after `code` (letters are sorted and disjoint). */
+function firstLetterFrom(alphabet: CharSet, code: number): number {
+  let lo = 0;
+  let hi = alphabet.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (alphabet[mid][1] < code) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 /** Strings accepted by `a` and (if `negate`, not) by `b`: the product automaton. */
-function intersect(a: Dfa, b: Dfa, negate: boolean, alphabetSize: number): Dfa {
+function* intersect(a: Dfa, b: Dfa, negate: boolean, meter: Meter): Generator<void, Dfa> {
   const DEAD = -1;
   const index = new Map<string, number>([["0,0", 0]]);
   const pairs: [number, number][] = [[0, 0]];
@@ -420,34 +518,32 @@ function intersect(a: Dfa, b: Dfa, negate: boolean, alphabetSize: number): Dfa {
     const inB = y !== DEAD && b.accepting[y];
     out.accepting[i] = a.accepting[x] && (negate ? !inB : inB);
     out.next[i] = new Map();
-    for (let li = 0; li < alphabetSize; li++) {
-      const nx = a.next[x].get(li);
-      if (nx === undefined) continue;
+    meter.charge(a.next[x].size + 1);
+    for (const [li, nx] of a.next[x]) {
       const ny = y === DEAD ? DEAD : b.next[y].get(li) ?? DEAD;
       if (!negate && ny === DEAD) continue;
       const key = `${nx},${ny}`;
-      if (!index.has(key)) {
-        index.set(key, pairs.length);
+      let to = index.get(key);
+      if (to === undefined) {
+        to = pairs.length;
+        index.set(key, to);
         pairs.push([nx, ny]);
       }
-      out.next[i].set(li, index.get(key)!);
+      out.next[i].set(li, to);
     }
+    if (meter.due()) yield;
   }
   return out;
 }
 
 /** States from which an accepting state can be reached. */
 function live(d: Dfa): Set<number> {
+  const from: number[][] = d.next.map(() => []);
+  d.next.forEach((m, i) => m.forEach((t) => from[t].push(i)));
   const alive = new Set<number>(d.accepting.flatMap((a, i) => a ? [i] : []));
-  let grew = true;
-  while (grew) {
-    grew = false;
-    d.next.forEach((m, i) => {
-      if (!alive.has(i) && [...m.values()].some((t) => alive.has(t))) {
-        alive.add(i);
-        grew = true;
-      }
-    });
+  const stack = [...alive];
+  while (stack.length) {
+    for (const s of from[stack.pop()!]) if (!alive.has(s)) alive.add(s), stack.push(s);
   }
   return alive;
 }
@@ -491,7 +587,12 @@ function jsonEscape(c: number): string {
 }
 
 /** Strings of `min` to `max` letters (any letters; `max` undefined: no upper bound). */
-function lengthDfa(alphabetSize: number, min: number, max: number | undefined): Dfa {
+function* lengthDfa(
+  alphabetSize: number,
+  min: number,
+  max: number | undefined,
+  meter: Meter,
+): Generator<void, Dfa> {
   const last = max ?? min;
   if (last > MAX_STATES) {
     throw new PatternError(`a length bound over ${MAX_STATES} next to a pattern or format`, true);
@@ -501,29 +602,84 @@ function lengthDfa(alphabetSize: number, min: number, max: number | undefined): 
     dfa.accepting[i] = i >= min;
     dfa.next[i] = new Map();
     const to = i < last ? i + 1 : max === undefined ? last : undefined;
+    meter.charge(alphabetSize + 1);
     if (to !== undefined) { for (let li = 0; li < alphabetSize; li++) dfa.next[i].set(li, to); }
+    if (meter.due()) yield;
   }
   return dfa;
 }
 
 /**
- * Rules for the inside of JSON strings matching `pattern`, or meeting all of `constraints`
- * (`json` false: raw text, unescaped); returns the start rule's name. Throws a
- * {@link PatternError} for what no grammar can express, or when the automaton grows too large.
- *
- * @example
- * ```ts
- * const start = patternRules(rules, "sku", "^[A-Z]{3}-\\d{4}$");
- * const code = patternRules(rules, "code", { patterns: ["^[a-z]+$"], maxLength: 8 });
- * ```
+ * Bounds on the work of building one automaton, and of all those one request needs; beyond them a
+ * request is a 400 `schema_too_large` ({@link PatternTooLargeError}). A step is about one move of one
+ * automaton state on one letter (a fraction of a microsecond): a million take well under a second.
  */
-export function patternRules(
-  rules: { reserve(hint: string): string; define(name: string, body: string): void },
-  hint: string,
-  constraints: string | StringConstraints,
-  json = true,
-): string {
-  const c = typeof constraints === "string" ? { patterns: [constraints] } : constraints;
+export const PATTERN_LIMITS = {
+  /** Characters of one pattern. */
+  maxLength: 16_384,
+  /** Groups nested in one another. */
+  maxNesting: 64,
+  /** States of a pattern's nondeterministic automaton, repetitions written out. */
+  maxNfaStates: 20_000,
+  /** Steps to build one automaton. */
+  maxSteps: 1_000_000,
+  /** Steps to build every automaton one request needs. */
+  maxRequestSteps: 4_000_000,
+  /** Moves (rule alternatives) of one automaton. */
+  maxMoves: 100_000,
+  /** Characters of the automata rules in one grammar (the synchronous part of building it is a copy). */
+  maxRequestChars: 4_000_000,
+} as const;
+
+/** A pattern (or constraints) too costly to compile: a 400 `schema_too_large` naming the limit. */
+export class PatternTooLargeError extends EngineInputError {
+  /** `perRequest`: the request's budget ran out (the same pattern may compile in another request). */
+  constructor(what: string, readonly perRequest = false) {
+    super(`The JSON schema is too large to enforce: ${what}.`, null, "schema_too_large");
+  }
+}
+
+/** Counts the steps of building automata and says when a slice of work is due to yield. */
+class Meter {
+  used = 0;
+  #yielded = 0;
+  constructor(readonly limit: number, readonly refuse: () => Error) {}
+
+  charge(steps: number): void {
+    this.used += steps;
+    if (this.used > this.limit) throw this.refuse();
+  }
+
+  /** True every few hundred steps: a point where a sliced build may let other work run. */
+  due(): boolean {
+    if (this.used - this.#yielded < 256) return false;
+    this.#yielded = this.used;
+    return true;
+  }
+}
+
+/**
+ * A compiled string constraint as GBNF rules, one per live state, written once: the text is
+ * `json.join(name)` (or `raw`, for unescaped text), whose start rule is `name` + `-S0`.
+ */
+export interface PatternAutomaton {
+  /** Rules (live states). */
+  states: number;
+  /** The rules' text, cut where their name prefix goes: as JSON-escaped string content. */
+  json: string[];
+  /** The same for raw text. */
+  raw: string[];
+  /** Characters of `json` (without the name prefixes). */
+  chars: number;
+}
+
+/** Builds the automaton of `c`, a step at a time (each `yield` is a point where other work may run). */
+function* automatonSteps(c: StringConstraints, meter: Meter): Generator<void, PatternAutomaton> {
+  for (const p of c.patterns) {
+    if (p.length > PATTERN_LIMITS.maxLength) {
+      throw new PatternTooLargeError(`a pattern is longer than ${PATTERN_LIMITS.maxLength} characters`);
+    }
+  }
   const parsed = c.patterns.map((p) => new Parser(p).pattern());
   const alphabet = letters([
     ...parsed.flatMap((p) => [...setsOf(p.body), ...p.lookaheads.flatMap((l) => setsOf(l.node))]),
@@ -532,15 +688,16 @@ export function patternRules(
   const min = c.minLength ?? 0;
   let dfa: Dfa | undefined;
   for (const p of parsed) {
-    let one = compile(p.body, alphabet, !p.anchoredStart, !p.anchoredEnd);
+    let one = yield* compile(p.body, alphabet, !p.anchoredStart, !p.anchoredEnd, meter);
     for (const l of p.lookaheads) {
-      one = intersect(one, compile(l.node, alphabet, false, !l.anchoredEnd), l.negative, alphabet.length);
+      const look = yield* compile(l.node, alphabet, false, !l.anchoredEnd, meter);
+      one = yield* intersect(one, look, l.negative, meter);
     }
-    dfa = dfa ? intersect(dfa, one, false, alphabet.length) : one;
+    dfa = dfa ? yield* intersect(dfa, one, false, meter) : one;
   }
   if (min > 0 || c.maxLength !== undefined || !dfa) {
-    const length = lengthDfa(alphabet.length, min, c.maxLength);
-    dfa = dfa ? intersect(dfa, length, false, alphabet.length) : length;
+    const length = yield* lengthDfa(alphabet.length, min, c.maxLength, meter);
+    dfa = dfa ? yield* intersect(dfa, length, false, meter) : length;
   }
   const alive = live(dfa);
   if (!alive.has(0)) {
@@ -550,17 +707,279 @@ export function patternRules(
         : "no string meets all of the pattern, format and length constraints",
     );
   }
-  const names = new Map([...alive].map((s) => [s, rules.reserve(`${hint}-s${s}`)]));
-  for (const s of alive) {
-    // Letters to the same state share one alternative.
+  // Live states renumbered in order; letters to the same state share one move. The rules are
+  // written here, where the work is metered and sliced, so that using them is one string join.
+  const number = new Map([...alive].sort((a, b) => a - b).map((s, i) => [s, i]));
+  const json = new RuleText();
+  const raw = new RuleText();
+  let moves = 0;
+  for (const [s, i] of number) {
     const byTarget = new Map<number, CharSet>();
     for (const [li, t] of dfa.next[s]) {
-      if (!alive.has(t)) continue;
-      byTarget.set(t, [...(byTarget.get(t) ?? []), alphabet[li]]);
+      const to = number.get(t);
+      if (to === undefined) continue;
+      const set = byTarget.get(to);
+      const [a, b] = alphabet[li];
+      const last = set?.at(-1);
+      if (!set) byTarget.set(to, [[a, b]]);
+      else if (last && last[1] + 1 === a) last[1] = b;
+      else set.push([a, b]);
     }
-    const alts = [...byTarget].map(([t, set]) => `${charSetGbnf(normalize(set), json)} ${names.get(t)}`);
-    if (dfa.accepting[s]) alts.push('""');
-    rules.define(names.get(s)!, alts.join(" | "));
+    json.start(i);
+    raw.start(i);
+    for (const [to, set] of byTarget) {
+      const ranges = normalize(set);
+      json.move(charSetGbnf(ranges, true), to);
+      raw.move(charSetGbnf(ranges, false), to);
+      meter.charge(8 * ranges.length + 8);
+    }
+    if (dfa.accepting[s]) json.end(), raw.end();
+    moves += byTarget.size + 1;
+    if (moves > PATTERN_LIMITS.maxMoves) {
+      throw new PatternTooLargeError(`a pattern needs more than ${PATTERN_LIMITS.maxMoves} automaton moves`);
+    }
+    meter.charge(dfa.next[s].size + 1);
+    if (meter.due()) yield;
   }
-  return names.get(0)!;
+  const text = json.segments();
+  return {
+    states: number.size,
+    json: text,
+    raw: raw.segments(),
+    chars: text.reduce((n, t) => n + t.length, 0),
+  };
+}
+
+/** Writes automaton rules as text segments to be joined with their name prefix. */
+class RuleText {
+  readonly #segments: string[] = [];
+  #current = "";
+  #alternatives = 0;
+
+  /** The rule of state `i` begins. */
+  start(i: number): void {
+    this.#close();
+    this.#name(i);
+    this.#current += " ::= ";
+  }
+
+  /** An alternative: a char class, then state `to`. */
+  move(charClass: string, to: number): void {
+    this.#current += `${this.#alternatives++ ? " | " : ""}${charClass} `;
+    this.#name(to);
+  }
+
+  /** The alternative of ending here. */
+  end(): void {
+    this.#current += `${this.#alternatives++ ? " | " : ""}""`;
+  }
+
+  segments(): string[] {
+    this.#close();
+    return [...this.#segments, this.#current];
+  }
+
+  #name(i: number): void {
+    this.#segments.push(this.#current);
+    this.#current = `-S${i}`;
+  }
+
+  #close(): void {
+    if (this.#alternatives > 0 || this.#segments.length > 0) this.#current += "\n";
+    this.#alternatives = 0;
+  }
+}
+
+/** Runs a stepwise build to its end at once. */
+function runSteps<T>(steps: Generator<void, T>): T {
+  for (;;) {
+    const r = steps.next();
+    if (r.done) return r.value;
+  }
+}
+
+/** Runs a stepwise build in slices of about `sliceMs`, letting the event loop run between them. */
+async function runSliced<T>(steps: Generator<void, T>, signal?: AbortSignal, sliceMs = 3): Promise<T> {
+  let since = performance.now();
+  for (;;) {
+    const r = steps.next();
+    if (r.done) return r.value;
+    if (performance.now() - since >= sliceMs) {
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      signal?.throwIfAborted();
+      since = performance.now();
+    }
+  }
+}
+
+/** A meter for one automaton: the per-automaton bound, or what is left of the request's. */
+function automatonMeter(requestLeft = Infinity): Meter {
+  const limit = Math.min(PATTERN_LIMITS.maxSteps, requestLeft);
+  return new Meter(limit, () =>
+    limit < PATTERN_LIMITS.maxSteps
+      ? new PatternTooLargeError(
+        `its patterns need more than ${PATTERN_LIMITS.maxRequestSteps} automaton steps in all`,
+        true,
+      )
+      : new PatternTooLargeError(`a pattern needs more than ${PATTERN_LIMITS.maxSteps} automaton steps`));
+}
+
+/** One grammar build's automata still to compile, and those the request's budget refused. */
+interface BuildSession {
+  missing: Map<string, StringConstraints>;
+  refused: Map<string, Error>;
+  /** Characters of the automata rules this pass writes (bounds the synchronous part of a build). */
+  chars: number;
+}
+
+/**
+ * Compiled pattern automata by their constraints (least recently used dropped first), so each
+ * pattern is compiled once; refusals are kept too, so a costly refused pattern costs once.
+ * {@link build} runs a synchronous grammar build and compiles the automata it needs between its
+ * passes in short slices, so a costly schema never stalls the event loop.
+ *
+ * @example
+ * ```ts
+ * const automata = new AutomatonCache();
+ * const text = await automata.build(() => {
+ *   const g = new JsonGrammar(new GbnfRules("", automata));
+ *   return g.rules.text(`root ::= ${g.schema({ type: "string", pattern: "^a+$" }, "response_format", "out")}`);
+ * });
+ * ```
+ */
+export class AutomatonCache {
+  readonly #entries: LruCache<PatternAutomaton | Error>;
+  #session?: BuildSession;
+  #turn: Promise<void> = Promise.resolve();
+  /** Automata compiled (or refused) so far: with a warm cache, building a grammar compiles none. */
+  compiled = 0;
+
+  constructor(maxEntries = 256, maxChars = 32 * 1024 * 1024) {
+    this.#entries = new LruCache(maxEntries, maxChars);
+  }
+
+  /**
+   * The automaton of `c`: from the cache; inside {@link build}, undefined when not compiled yet (the
+   * build compiles it and runs again); elsewhere compiled now. Throws what compiling threw.
+   */
+  automaton(c: StringConstraints): PatternAutomaton | undefined {
+    const key = JSON.stringify([c.patterns, c.minLength ?? 0, c.maxLength ?? null]);
+    const session = this.#session;
+    const known = this.#entries.get(key) ?? session?.refused.get(key);
+    if (known instanceof Error) throw known;
+    if (known && session) {
+      session.chars += known.chars;
+      if (session.chars > PATTERN_LIMITS.maxRequestChars) {
+        throw new PatternTooLargeError(
+          `its patterns need more than ${PATTERN_LIMITS.maxRequestChars} characters of grammar rules in all`,
+        );
+      }
+    }
+    if (known) return known;
+    if (session) {
+      session.missing.set(key, c);
+      return undefined;
+    }
+    return this.#compile(key, () => runSteps(automatonSteps(c, automatonMeter())));
+  }
+
+  /**
+   * Runs `build` (synchronous, deterministic) until it needs no automaton it does not have: the
+   * missing ones are compiled in between, in slices, within the request's step budget.
+   */
+  async build<T>(build: () => T, signal?: AbortSignal): Promise<T> {
+    const session: BuildSession = { missing: new Map(), refused: new Map(), chars: 0 };
+    let used = 0;
+    for (;;) {
+      session.missing.clear();
+      session.chars = 0;
+      this.#session = session;
+      let result: { value: T } | { error: unknown };
+      try {
+        result = { value: build() };
+      } catch (error) {
+        result = { error };
+      } finally {
+        this.#session = undefined;
+      }
+      // Without missing automata the pass was complete: its result (or error) is the build's.
+      if (session.missing.size === 0) {
+        if ("error" in result) throw result.error;
+        return result.value;
+      }
+      for (const [key, c] of session.missing) {
+        await this.#oneAtATime(async () => {
+          signal?.throwIfAborted();
+          if (this.#entries.get(key) !== undefined) return; // compiled for another request meanwhile
+          const meter = automatonMeter(PATTERN_LIMITS.maxRequestSteps - used);
+          this.compiled++;
+          try {
+            const automaton = await runSliced(automatonSteps(c, meter), signal);
+            this.#entries.set(key, automaton, 2 * automaton.chars);
+          } catch (e) {
+            // The request's budget ran out: refused for this request only, not for the pattern.
+            if (e instanceof PatternTooLargeError && e.perRequest) session.refused.set(key, e);
+            // Refusals of the pattern itself are kept: the next pass meets them where the pattern is.
+            else if (e instanceof PatternError || e instanceof PatternTooLargeError) {
+              this.#entries.set(key, e);
+            } else throw e;
+          } finally {
+            used += Math.max(1, meter.used);
+          }
+        });
+      }
+    }
+  }
+
+  /** Runs compilations one at a time: concurrent builds then take one slice per turn between them. */
+  #oneAtATime(work: () => Promise<void>): Promise<void> {
+    const run = this.#turn.then(work);
+    this.#turn = run.catch(() => {});
+    return run;
+  }
+
+  #compile(key: string, compile: () => PatternAutomaton): PatternAutomaton {
+    this.compiled++;
+    try {
+      const automaton = compile();
+      this.#entries.set(key, automaton, 2 * automaton.chars);
+      return automaton;
+    } catch (e) {
+      if (e instanceof PatternError || e instanceof PatternTooLargeError) this.#entries.set(key, e);
+      throw e;
+    }
+  }
+}
+
+/**
+ * Rules for the inside of JSON strings matching `pattern`, or meeting all of `constraints`
+ * (`json` false: raw text, unescaped); returns the start rule's name. Throws a
+ * {@link PatternError} for what no grammar can express, or when the automaton grows too large,
+ * and a {@link PatternTooLargeError} when building it would take too long.
+ *
+ * @example
+ * ```ts
+ * const start = patternRules(rules, "sku", "^[A-Z]{3}-\\d{4}$");
+ * const code = patternRules(rules, "code", { patterns: ["^[a-z]+$"], maxLength: 8 });
+ * ```
+ */
+export function patternRules(
+  rules: GbnfRules,
+  hint: string,
+  constraints: string | StringConstraints,
+  json = true,
+): string {
+  const c = typeof constraints === "string" ? { patterns: [constraints] } : constraints;
+  const automaton = rules.automata
+    ? rules.automata.automaton(c)
+    : runSteps(automatonSteps(c, automatonMeter()));
+  const name = rules.reserve(hint);
+  if (!automaton) {
+    // Not compiled yet: a stand-in for this pass of the build (the next pass has the automaton).
+    rules.define(name, '""');
+    return name;
+  }
+  rules.define(name, `${name}-S0`);
+  rules.addText((json ? automaton.json : automaton.raw).join(name), automaton.states);
+  return name;
 }
