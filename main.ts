@@ -10,6 +10,7 @@ import { ConnectionWatch } from "./src/http/connections.ts";
 import { Registry } from "./src/registry.ts";
 import { createServer, type Lifecycle } from "./src/server.ts";
 import { CounterReader, Gauge, Metrics } from "./src/metrics.ts";
+import { EventLoopMonitor } from "./src/event_loop.ts";
 import { resolveModelSpecs } from "./src/model_specs.ts";
 import { loadEngine } from "./src/engines/load.ts";
 import { upstreamMetricFamilies } from "./src/upstream/metrics.ts";
@@ -82,13 +83,18 @@ async function main(): Promise<number> {
 
   const shutdown = new AbortController();
   const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal };
+  const metrics = createMetrics(registry);
+  new EventLoopMonitor((stall, lag) => {
+    metrics.eventLoopStall.observe({}, stall);
+    metrics.eventLoopLag.observe({}, lag);
+  }).start();
   const handler = createServer({
     registry,
     keys,
     limiter: new RateLimiter(),
     opsNeedKey: config.opsAuth === "on" || (config.opsAuth === "auto" && !loopback),
     log,
-    metrics: createMetrics(registry),
+    metrics,
     lifecycle,
     bodyLimitBytes: config.bodyLimitBytes,
     maxEmbeddingInputs: config.maxEmbeddingInputs,

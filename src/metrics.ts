@@ -84,6 +84,7 @@ export class Histogram implements Family {
 }
 
 const SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
+const STALL_SECONDS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5];
 
 /** The server's metrics. */
 export class Metrics {
@@ -112,6 +113,16 @@ export class Metrics {
     "vserve_rejected_requests_total",
     "Requests refused by backpressure, by model.",
   );
+  readonly eventLoopStall = new Histogram(
+    "vserve_event_loop_stall_seconds",
+    "CPU time of the JavaScript thread between two 10 ms event-loop ticks: how long our own work held the loop.",
+    STALL_SECONDS,
+  );
+  readonly eventLoopLag = new Histogram(
+    "vserve_event_loop_lag_seconds",
+    "How late a 10 ms event-loop tick fired (our own work, or no free core on the host).",
+    STALL_SECONDS,
+  );
   readonly #families: Family[];
 
   constructor(collectors: Family[] = []) {
@@ -123,6 +134,8 @@ export class Metrics {
       this.promptTokens,
       this.completionTokens,
       this.rejected,
+      this.eventLoopStall,
+      this.eventLoopLag,
       ...collectors,
       new Gauge(
         "vserve_process_resident_memory_bytes",

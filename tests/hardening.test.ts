@@ -167,70 +167,68 @@ function patternSchema(count: number, suffix = ""): Record<string, unknown> {
   return { type: "object", properties };
 }
 
+/** Event-loop ticks that found the JavaScript thread busy for more than 50 ms since the previous one. */
+async function stallsOver50ms(): Promise<number> {
+  const text = await (await fetch(url("/metrics"))).text();
+  const read = (series: string) => {
+    const line = text.split("\n").find((l) => l.startsWith(series));
+    assert.ok(line, `no ${series} in /metrics`);
+    return Number(line.split(" ").at(-1));
+  };
+  return read("vserve_event_loop_stall_seconds_count") -
+    read('vserve_event_loop_stall_seconds_bucket{le="0.05"}');
+}
+
 serverTest(
   "/health answers in under 50 ms while costly and huge schemas and a long prompt are processed",
   async () => {
-    // The issue's bound, on the slowest probe: a grammar built on the request thread stalled every
-    // route for 220 ms with the pattern schema (390 ms with 12 patterns) and 103 s with the enum.
-    // The bias makes the first token '{', which the grammars allow: the sampler then checks that one
-    // token instead of masking the whole vocabulary (a per-token cost of its own, not measured here).
-    const brace =
-      (await postJson(url("/tokenize"), { model: CHAT, content: "{", add_special_tokens: false }, KEY))
-        .body.tokens[0];
-    // Bodies are written before probing starts: this process's own work would delay the probes.
+    // The issue's bound. A grammar built on the request thread stalled every route for 220 ms with
+    // the pattern schema (390 ms with 12 patterns) and 103 s with the enum; a grammar masking the
+    // vocabulary on it, 15-25 ms per token. What the client sees also includes time in which this
+    // shared 2-core machine had no core for the server (other test files run beside this one), so
+    // the bound is checked on the server's own measure: the CPU time its JavaScript thread spent
+    // between two 10 ms ticks of its event loop (vserve_event_loop_stall_seconds). The probes'
+    // latencies are checked against a bound only a stall of our own could reach.
     const chat = (schema: unknown) =>
       JSON.stringify({
         model: CHAT,
         messages: [{ role: "user", content: "x" }],
-        max_tokens: 1,
-        logit_bias: { [brace]: 100 },
+        max_tokens: 8,
         response_format: { type: "json_schema", json_schema: { name: "x", schema } },
       });
     const huge = chat({ enum: Array.from({ length: 100_000 }, (_, i) => `value-${i}`) });
-    /** The slowest probe while the requests run (new patterns each time: nothing is cached). */
-    const slowestProbe = async (round: string) => {
-      const bodies = [
-        chat(patternSchema(9, `${round}a`)),
-        chat(patternSchema(9, `${round}b`)),
-        chat(patternSchema(12, `${round}c`)),
-        huge,
-        JSON.stringify({
-          model: CHAT,
-          messages: [{ role: "user", content: `${crypto.randomUUID()} ${"many words here ".repeat(600)}` }],
-          max_tokens: 20,
-          logit_bias: { "151643": -100, "151645": -100 },
-        }),
-      ];
-      const prober = await probe(url("/health"), 10);
-      const latencies: number[] = [];
-      let results;
-      try {
-        results = await Promise.all(bodies.map((body) => postJson(url("/v1/chat/completions"), body, KEY)));
-        await new Promise((r) => setTimeout(r, 100));
-      } finally {
-        latencies.push(...await prober.stop());
-      }
-      const [nine, nineOther, twelve, enumOfAll, long] = results;
-      assert.equal(nine.status, 200, JSON.stringify(nine.body).slice(0, 300));
-      assert.equal(nineOther.status, 200, JSON.stringify(nineOther.body).slice(0, 300));
-      assertApiError(twelve, 400, { code: "schema_too_large", param: "response_format.json_schema.schema" });
-      assertApiError(enumOfAll, 400, {
-        code: "schema_too_large",
-        param: "response_format.json_schema.schema",
-      });
-      assert.match(enumOfAll.body.error.message, /1000 enum values/);
-      assert.equal(long.status, 200);
-      assert.ok(latencies.length >= 10, `${latencies.length} probes`);
-      return Math.max(...latencies);
-    };
-    // A stall of the server shows in every run; a one-off hiccup of this shared 2-core machine
-    // (another process holding both cores) in one only: a second run tells them apart.
-    const runs = [await slowestProbe("x")];
-    if (runs[0] >= 50) runs.push(await slowestProbe("y"));
-    assert.ok(
-      Math.min(...runs) < 50,
-      `slowest /health probe per run: ${runs.map((ms) => ms.toFixed(1)).join(", ")} ms`,
-    );
+    const bodies = [
+      chat(patternSchema(9, "xa")),
+      chat(patternSchema(9, "xb")),
+      chat(patternSchema(12, "xc")),
+      huge,
+      JSON.stringify({
+        model: CHAT,
+        messages: [{ role: "user", content: `${crypto.randomUUID()} ${"many words here ".repeat(600)}` }],
+        max_tokens: 20,
+        logit_bias: { "151643": -100, "151645": -100 },
+      }),
+    ];
+    const stallsBefore = await stallsOver50ms();
+    const prober = await probe(url("/health"), 10);
+    let results;
+    let latencies: number[] = [];
+    try {
+      results = await Promise.all(bodies.map((body) => postJson(url("/v1/chat/completions"), body, KEY)));
+      await new Promise((r) => setTimeout(r, 100));
+    } finally {
+      latencies = await prober.stop();
+    }
+    const [nine, nineOther, twelve, enumOfAll, long] = results;
+    assert.equal(nine.status, 200, JSON.stringify(nine.body).slice(0, 300));
+    assert.equal(nineOther.status, 200, JSON.stringify(nineOther.body).slice(0, 300));
+    assertApiError(twelve, 400, { code: "schema_too_large", param: "response_format.json_schema.schema" });
+    assertApiError(enumOfAll, 400, { code: "schema_too_large", param: "response_format.json_schema.schema" });
+    assert.match(enumOfAll.body.error.message, /1000 enum values/);
+    assert.equal(long.status, 200);
+    assert.ok(latencies.length >= 10, `${latencies.length} probes`);
+    assert.equal(await stallsOver50ms() - stallsBefore, 0, "the event loop was held over 50 ms");
+    assert.ok(Math.max(...latencies) < 1000, `slowest /health: ${Math.max(...latencies).toFixed(0)} ms`);
   },
 );
 

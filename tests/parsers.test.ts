@@ -155,23 +155,25 @@ const params = (over: Partial<SamplingParams> = {}): SamplingParams => ({
   ...over,
 });
 
-Deno.test("sampler: greedy picks the largest logit; logit bias -100 forbids a token", () => {
+Deno.test("sampler: greedy picks the largest logit; logit bias -100 forbids a token", async () => {
   const x = new Float32Array([0.1, 3, 2, -1]);
-  assert.equal(new TokenSampler(params({ temperature: 0 }), 4).sample(x).token, 1);
+  assert.equal((await new TokenSampler(params({ temperature: 0 }), 4).sample(x)).token, 1);
   const banned = new TokenSampler(params({ temperature: 0, logitBias: new Map([[1, -Infinity]]) }), 4);
-  assert.equal(banned.sample(x).token, 2);
+  assert.equal((await banned.sample(x)).token, 2);
 });
 
-Deno.test("sampler: the same seed gives the same draws; top-k keeps the k best", () => {
+Deno.test("sampler: the same seed gives the same draws; top-k keeps the k best", async () => {
   const x = Float32Array.from({ length: 1000 }, (_, i) => Math.sin(i) * 3);
-  const draw = (seed: number, over: Partial<SamplingParams> = {}) => {
+  const draw = async (seed: number, over: Partial<SamplingParams> = {}) => {
     const s = new TokenSampler(params({ seed, ...over }), x.length);
-    return Array.from({ length: 20 }, () => s.sample(x).token);
+    const out: number[] = [];
+    for (let i = 0; i < 20; i++) out.push((await s.sample(x)).token);
+    return out;
   };
-  assert.deepEqual(draw(1), draw(1));
-  assert.notDeepEqual(draw(1), draw(2));
+  assert.deepEqual(await draw(1), await draw(1));
+  assert.notDeepEqual(await draw(1), await draw(2));
   const top3 = new Set(topTokens(x, 3));
-  assert.ok(draw(3, { topK: 3 }).every((t) => top3.has(t)));
+  assert.ok((await draw(3, { topK: 3 })).every((t) => top3.has(t)));
 });
 
 Deno.test("sampler: log-probabilities sum to at most 1 and match the softmax", () => {

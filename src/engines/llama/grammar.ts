@@ -91,7 +91,7 @@ export class GrammarConstraint implements TokenFilter {
     return v.getFloat32(4, true) !== -Infinity;
   }
 
-  mask(logits: Float32Array): void {
+  async mask(logits: Float32Array): Promise<void> {
     if (!this.#all) {
       const data = new Uint8Array(new ArrayBuffer(this.#nVocab * TOKEN_DATA));
       this.#all = {
@@ -111,7 +111,8 @@ export class GrammarConstraint implements TokenFilter {
       n++;
     }
     new DataView(array.buffer).setBigUint64(8, BigInt(n), true);
-    this.#lib.symbols.llama_sampler_apply(this.#live(), array);
+    // Off the event loop: the candidate buffers are this grammar's own, and its sequence waits.
+    await this.#lib.symbols.llama_sampler_apply_nonblocking(this.#live(), array);
     for (let i = 0; i < n; i++) if (values[i * 3 + 1] === -Infinity) logits[ids[i * 3]] = -Infinity;
   }
 

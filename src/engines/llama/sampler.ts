@@ -43,8 +43,8 @@ export interface TokenLogprob {
 export interface TokenFilter {
   /** Whether `token` may come next (cheap). */
   allows(token: number): boolean;
-  /** Sets the logit of every token that may not come next to -Infinity (expensive). */
-  mask(logits: Float32Array): void;
+  /** Sets the logit of every token that may not come next to -Infinity (expensive: off the event loop). */
+  mask(logits: Float32Array): Promise<void>;
 }
 
 /**
@@ -87,23 +87,23 @@ export class TokenSampler {
    * try), and the expensive mask runs only when needed. `logprobs`: how many alternatives to
    * report (undefined: none).
    */
-  sample(
+  async sample(
     logits: Float32Array,
     filter?: TokenFilter,
     logprobs?: number,
-  ): { token: number; logprob?: TokenLogprob } {
+  ): Promise<{ token: number; logprob?: TokenLogprob }> {
     const x = this.#adjusted(logits);
     let token = this.#pick(x);
     let masked = false;
     if (filter && !filter.allows(token)) {
-      filter.mask(x);
+      await filter.mask(x);
       masked = true;
       token = this.#pick(x);
     }
     if (logprobs === undefined) return { token };
     // Log-probabilities of the distribution the token was drawn from at temperature 1 (after bias,
     // penalties and, when it applied, the grammar), as OpenAI reports them.
-    if (filter && !masked) filter.mask(x);
+    if (filter && !masked) await filter.mask(x);
     return { token, logprob: logprobsOf(x, token, logprobs) };
   }
 

@@ -447,7 +447,7 @@ export class Scheduler {
     const sampleStart = performance.now();
     for (const d of decodes) {
       d.choice.slot.cached.push(d.choice.pending);
-      if (!d.running.failed) this.#sample(d.running, d.choice, d.out);
+      if (!d.running.failed) await this.#sample(d.running, d.choice, d.out);
     }
     for (const p of prefills) {
       const r = p.running;
@@ -465,7 +465,7 @@ export class Scheduler {
       r.fed = p.to;
       this.stats.promptTokensEvaluated += p.to - p.from;
       if (r.checkpointAt.has(p.to)) await this.#checkpoint(slot, p.to);
-      if (r.fed === r.job.prompt.length && !r.failed) this.#startChoices(r, p.out);
+      if (r.fed === r.job.prompt.length && !r.failed) await this.#startChoices(r, p.out);
     }
     this.stats.sampleMs += performance.now() - sampleStart;
     for (const r of [...this.#running]) {
@@ -485,7 +485,7 @@ export class Scheduler {
   }
 
   /** The prompt is in memory: copy it to the other choices' sequences and sample each first token. */
-  #startChoices(r: Running, out: number) {
+  async #startChoices(r: Running, out: number) {
     const [primary, ...others] = r.slots;
     for (const s of others) {
       this.#reset(s);
@@ -508,14 +508,18 @@ export class Scheduler {
     }
     // max_tokens 0 (legacy completions with echo): the prompt alone was wanted.
     if (r.job.maxTokens <= 0) { for (const c of r.choices) this.#end(r, c, "length"); }
-    else for (const c of r.choices) this.#sample(r, c, out);
+    else for (const c of r.choices) await this.#sample(r, c, out);
   }
 
-  #sample(r: Running, c: ChoiceState, out: number) {
+  async #sample(r: Running, c: ChoiceState, out: number) {
     if (r.failed || c.done) return;
     try {
       const logits = this.#ctx.logits(out);
-      const { token, logprob } = c.spec.sampler.sample(logits, c.spec.grammar ?? undefined, r.job.logprobs);
+      const { token, logprob } = await c.spec.sampler.sample(
+        logits,
+        c.spec.grammar ?? undefined,
+        r.job.logprobs,
+      );
       if (this.#model.isEog(token)) return this.#end(r, c, "eog");
       c.spec.grammar?.accept(token);
       c.spec.sampler.accept(token);
