@@ -595,3 +595,9 @@ Deno.test("xml dialect grammar: parameters that $ref the tool's $defs (pydantic)
   );
   assert.ok(!accepts(gbnf, call('{"city": "Rome", "country": "IT"}', "kelvin")));
 });
+
+Deno.test("the output check reads decimal multipleOf in decimal (0.07 is a multiple of 0.01)", () => {
+  assert.ok(checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.07).ok);
+  assert.ok(checkAgainstSchema({ type: "number", multipleOf: 0.1 }, 0.3).ok);
+  assert.ok(!checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.075).ok);
+});

@@ -12,6 +12,8 @@ const ajv = new Ajv2020({
   validateFormats: true,
   validateSchema: false,
   logger: false,
+  // Decimal steps in decimal, not binary: 0.07 is a multiple of 0.01.
+  multipleOfPrecision: 9,
 });
 // The string formats the grammar knows (ajv itself checks none without ajv-formats).
 const FORMATS: Record<string, RegExp> = {
