@@ -11,6 +11,11 @@ export interface ChatServerShape {
   slots: number;
   ctxPerSlot: number;
   apiKey: string;
+  /**
+   * A recurrent or hybrid model: loaded without repacked (extra) CPU buffers, as vserve loads them
+   * (with them llama.cpp's AMX path computes several sequences wrongly and here crashes).
+   */
+  hybrid?: boolean;
 }
 
 /** The embedding server's shape: the same as vserve's bench embedding model. */
@@ -70,6 +75,7 @@ export function chatServerArgs(s: ChatServerShape): string[] {
     String(pad256(s.slots * s.ctxPerSlot)),
     "--no-kv-unified", // a fixed share per slot
     "--jinja",
+    ...(s.hybrid ? ["--no-repack"] : []),
   ];
 }
 

@@ -4,6 +4,7 @@
  * llama-server on the same files and settings, or any OpenAI-compatible URL), alternating in one run,
  * reported as medians, min–max and ratios. See bench/README.md.
  */
+import { PRESETS } from "../src/models/presets.ts";
 import OpenAI from "openai";
 import { startServer, type TestServer } from "../tests/helpers/server.ts";
 import { resolveSource } from "../src/models/sources.ts";
@@ -230,6 +231,7 @@ try {
         slots: chatParallel,
         ctxPerSlot: chatCtx,
         apiKey: KEY,
+        hybrid: PRESETS[m.preset]?.arch === "qwen35moe",
       });
       log(`starting llama-server (${m.preset}): ${llamaServerBinary} ${chatArgs.join(" ")}`);
       const chat = await startLlamaServer(

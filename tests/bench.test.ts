@@ -183,6 +183,17 @@ Deno.test("llama-server chat: the same threads, slots and context per slot as vs
   assert.equal(flag("--cache-ram"), "0");
   for (const f of ["--jinja", "--no-kv-unified"]) assert.ok(args.includes(f), f);
   assert.ok(!args.includes("--embeddings"));
+  assert.ok(!args.includes("--no-repack"), "dense models keep repacked weights, as in vserve");
+  const hybrid = chatServerArgs({
+    model: "/m/moe.gguf",
+    alias: "bench/moe",
+    threads: 2,
+    slots: 8,
+    ctxPerSlot: 4096,
+    apiKey: "k",
+    hybrid: true,
+  });
+  assert.ok(hybrid.includes("--no-repack"), "hybrid models load without extra CPU buffers, as in vserve");
 });
 
 Deno.test("llama-server embeddings: last-token pooling, shared cache, one batch fits the longest input", () => {
