@@ -11,7 +11,7 @@
 import OpenAI from "openai";
 import { startServer, type TestServer } from "../tests/helpers/server.ts";
 import { percentile } from "./stats.ts";
-import { chatBody, httpStream, latencies, promptText, runOrder } from "./workload.ts";
+import { chatBody, httpStream, latencies, promptText, runOrder, shortText } from "./workload.ts";
 
 /** What the scenario needs from the benchmark run. */
 export interface GatewayBench {
@@ -85,7 +85,7 @@ export async function gatewayOverhead(b: GatewayBench): Promise<void> {
     for (let i = 0; i < calls; i++) {
       for (const s of runOrder(sides, i)) {
         const t0 = performance.now();
-        await embed(s.api, `hello world ${rep}-${i}`);
+        await embed(s.api, shortText(`${rep}-${i}`));
         lat[s.name].push(performance.now() - t0);
       }
     }

@@ -15,9 +15,11 @@ import {
   chatBody,
   httpStream,
   latencies,
+  loadLeads,
   promptText,
   runOrder,
   sentences,
+  shortText,
   type StreamTiming,
 } from "./workload.ts";
 import { cacheRoot, ensureLlamaServer, loadedCpuVariant } from "./llama_server_build.ts";
@@ -143,6 +145,7 @@ try {
   }
 
   const cacheDir = new URL("../models/cache", import.meta.url).pathname;
+  await loadLeads();
   log(`preparing ${chatPreset} and ${embedPreset} (generated on first use)`);
   for (const m of chatModels) {
     m.path = await resolveSource(`builtin:${m.preset}`, { cacheDir, hubUrl: "", log: silentLogger });
@@ -564,7 +567,7 @@ async function embeddings() {
       for (const side of runOrder(sides.filter((s) => !!s.embed), i)) {
         await cooldown();
         const t0 = performance.now();
-        await side.embed!(`hello world ${rep}-${i}`);
+        await side.embed!(shortText(`${rep}-${i}`));
         const list = lat.get(side.key) ?? [];
         list.push(performance.now() - t0);
         lat.set(side.key, list);

@@ -7,22 +7,57 @@ import type OpenAI from "openai";
 const FILLER = "the river carries light across stones while distant bells count the hours of a quiet town"
   .split(" ");
 
-/** A prompt of `words` filler words, made unique by `tag` at its start (so no cached prefix is reused). */
+let leads: string[] = [];
+let nextLead = 0;
+
+/**
+ * Loads the words every text starts with: each is one token of the Qwen3 vocabulary, and no two are
+ * the same, so no two texts share even their first token. A server that reuses cached prefixes across
+ * requests (llama-server's embedding slots do, even with `--no-cache-prompt`) then has nothing to
+ * reuse: a shared "Sentence 1…" start let it embed 2 tokens where vserve embedded 7.
+ */
+export async function loadLeads(count = 4096): Promise<void> {
+  const { Tokenizer } = await import("@huggingface/tokenizers");
+  const { qwen3TokenizerJsonPath } = await import("../src/models/qwen3_vocab.ts");
+  const path = qwen3TokenizerJsonPath();
+  const json = JSON.parse(await Deno.readTextFile(path));
+  const config = JSON.parse(
+    await Deno.readTextFile(path.replace(/tokenizer\.json$/, "tokenizer_config.json")),
+  );
+  const tokenizer = new Tokenizer(json, config);
+  const vocab = Object.keys(json.model.vocab as Record<string, number>).filter((t) =>
+    /^[a-z]{5,10}$/.test(t)
+  );
+  leads = vocab.sort().filter((word) => tokenizer.encode(word).ids.length === 1).slice(0, count);
+  nextLead = 0;
+}
+
+/** A fresh first word (empty before {@link loadLeads}). */
+function lead(): string {
+  return leads.length === 0 ? "" : `${leads[nextLead++ % leads.length]} `;
+}
+
+/** A prompt of `words` filler words, made unique by a fresh first word and `tag` (no cached prefix to reuse). */
 export function promptText(tag: string, words: number): string {
-  const out = [`Request ${tag}.`];
+  const out = [`${lead()}Request ${tag}.`];
   for (let i = 0; i < words; i++) out.push(FILLER[i % FILLER.length]);
   return out.join(" ");
 }
 
 /**
- * `count` short, distinct sentences, made unique by `tag` (a server that caches prompts must not
- * serve a repetition from its cache).
+ * `count` short, distinct sentences, each starting with a fresh first word and made unique by `tag` (a
+ * server that caches prompts must not serve a repetition, or a shared start, from its cache).
  */
 export function sentences(count: number, tag = ""): string[] {
   return Array.from(
     { length: count },
-    (_, i) => `Sentence ${tag}${i}: ${FILLER.slice(i % 7, (i % 7) + 8).join(" ")}.`,
+    (_, i) => `${lead()}sentence ${tag}${i}: ${FILLER.slice(i % 7, (i % 7) + 8).join(" ")}.`,
   );
+}
+
+/** A short text (a few tokens) for latency measurements, with a fresh first word. */
+export function shortText(tag: string): string {
+  return `${lead()}hello world ${tag}`;
 }
 
 /**
