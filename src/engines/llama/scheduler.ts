@@ -99,7 +99,7 @@ interface Running {
   cached: number;
   /** Prompt positions where a chunk must end (a checkpoint may be taken there). */
   boundaries: number[];
-  /** Step of its last prompt chunk (-1: none yet): chunks go round-robin between prompts. */
+  /** When its last prompt chunk ran (-1: none yet): chunks go round-robin between prompts. */
   lastChunk: number;
   checkpointAt: Set<number>;
   choices: ChoiceState[];
@@ -141,8 +141,8 @@ export class Scheduler {
   #looping = false;
   #wake: (() => void) | undefined;
   #clock = 0;
-  /** Recurrent models: whether the next step prefers a prompt chunk over decoding. */
-  #prefillTurn = true;
+  /** Counts prompt chunks: the order in which prompts were last served. */
+  #chunkClock = 0;
   readonly stats: SchedulerStats = {
     promptTokensEvaluated: 0,
     promptTokensReused: 0,
@@ -386,90 +386,105 @@ export class Scheduler {
   }
 
   async #stepInner() {
-    const batch = this.#batch;
-    batch.clear();
+    await this.#decodeStep();
+    await this.#prefillStep();
+    for (const r of [...this.#running]) {
+      if (r.choices.length > 0 && r.choices.every((c) => c.done)) this.#finish(r);
+    }
+  }
+
+  /** The next token of every generating choice, in one decode. */
+  async #decodeStep() {
     const decodes: { choice: ChoiceState; running: Running; out: number }[] = [];
     for (const r of this.#running) {
       if (r.fed < r.job.prompt.length) continue;
-      for (const c of r.choices) {
-        if (c.done) continue;
-        decodes.push({
-          choice: c,
-          running: r,
-          out: batch.add(c.pending, c.slot.cached.length, c.slot.seq, true),
-        });
-      }
+      for (const c of r.choices) if (!c.done) decodes.push({ choice: c, running: r, out: -1 });
     }
-    const prefills: { running: Running; from: number; to: number; out: number; first: number }[] = [];
-    // Greedy output must not depend on load: a sequence has to compute exactly as it would alone.
-    // llama.cpp splits a batch of several sequences into micro-batches of equal length per sequence
-    // (recurrent layers, and per-sequence KV streams, need that), so a prompt chunk sharing a batch
-    // would be cut into other pieces than when it runs alone, and its numbers would differ in the
-    // last bits. A prompt chunk therefore runs by itself, alternating with decode steps (which hold
-    // one token per sequence and split the same way every time), and ends only at its own boundaries.
-    // Least recently served first (new prompts before a long one's next chunk): a short request
-    // never waits for a long prompt to finish. Chunks run alone, so the order changes no result.
-    const prefilling = this.#running.filter((r) => r.fed < r.job.prompt.length)
-      .sort((a, b) => a.lastChunk - b.lastChunk);
-    if (prefilling.length > 0 && (decodes.length === 0 || this.#prefillTurn)) batch.clear();
-    if (batch.size === 0) {
-      for (const r of prefilling) {
-        if (prefills.length > 0) break;
-        const from = r.fed;
-        const to = r.boundaries.find((p) => p > from) ?? r.job.prompt.length;
-        let out = -1;
-        const first = batch.size;
-        const every = r.job.onPromptLogits !== undefined;
-        for (let i = from; i < to; i++) {
-          out = batch.add(r.job.prompt[i], i, r.slots[0].seq, every || i === r.job.prompt.length - 1);
-        }
-        r.lastChunk = this.stats.decodes;
-        prefills.push({ running: r, from, to, out, first });
-      }
+    if (decodes.length === 0) return;
+    // In sequence order: with a KV stream per sequence (and for recurrent state), llama.cpp puts only
+    // runs of consecutive sequence ids into one micro-batch, so any other order costs a model pass per
+    // run (8 streams: up to 8 passes a step instead of 1).
+    decodes.sort((a, b) => a.choice.slot.seq - b.choice.slot.seq);
+    const batch = this.#batch;
+    batch.clear();
+    for (const d of decodes) {
+      d.out = batch.add(d.choice.pending, d.choice.slot.cached.length, d.choice.slot.seq, true);
     }
-    if (prefills.length > 0) decodes.length = 0;
-    this.#prefillTurn = !this.#prefillTurn;
-    this.stats.decodes++;
-    this.stats.batchedTokens += batch.size;
-    const decodeStart = performance.now();
-    try {
-      await this.#ctx.decode(batch);
-    } catch (e) {
-      // The memory of these sequences is unknown now: drop it and fail their jobs.
-      for (const r of new Set([...decodes.map((d) => d.running), ...prefills.map((p) => p.running)])) {
-        for (const s of r.slots) this.#reset(s);
-        this.#finish(r, e);
-      }
-      return;
-    } finally {
-      this.stats.decodeMs += performance.now() - decodeStart;
-    }
+    if (!await this.#decode(new Set(decodes.map((d) => d.running)))) return;
     const sampleStart = performance.now();
     for (const d of decodes) {
       d.choice.slot.cached.push(d.choice.pending);
       if (!d.running.failed) await this.#sample(d.running, d.choice, d.out);
     }
-    for (const p of prefills) {
-      const r = p.running;
+    this.stats.sampleMs += performance.now() - sampleStart;
+  }
+
+  /**
+   * Prompt chunks, up to {@link SchedulerOptions.chunk} tokens in all (at least one chunk), least
+   * recently served prompt first: new prompts go before a long one's next chunk, so a short request
+   * never waits for a long prompt, and a burst of short prompts starts decoding together.
+   *
+   * Greedy output must not depend on load: a sequence has to compute exactly as it would alone.
+   * llama.cpp splits a batch of several sequences into micro-batches of equal length per sequence
+   * (recurrent layers, and per-sequence KV streams, need that), so a prompt chunk sharing a batch
+   * would be cut into other pieces than when it runs alone, and its numbers would differ in the last
+   * bits. Each chunk is therefore a decode of its own, ending only at its prompt's own boundaries.
+   */
+  async #prefillStep() {
+    const prefilling = this.#running.filter((r) => r.fed < r.job.prompt.length)
+      .sort((a, b) => a.lastChunk - b.lastChunk);
+    let budget = this.#opts.chunk;
+    for (const r of prefilling) {
+      if (r.failed || budget <= 0) continue;
+      const from = r.fed;
+      const to = r.boundaries.find((p) => p > from) ?? r.job.prompt.length;
+      if (to - from > budget && budget < this.#opts.chunk) continue;
+      budget -= to - from;
+      const batch = this.#batch;
+      batch.clear();
+      let out = -1;
+      const every = r.job.onPromptLogits !== undefined;
+      for (let i = from; i < to; i++) {
+        out = batch.add(r.job.prompt[i], i, r.slots[0].seq, every || i === r.job.prompt.length - 1);
+      }
+      r.lastChunk = ++this.#chunkClock;
+      if (!await this.#decode(new Set([r]))) continue;
+      const sampleStart = performance.now();
       const slot = r.slots[0];
-      for (let i = p.from; i < p.to; i++) slot.cached.push(r.job.prompt[i]);
-      if (r.job.onPromptLogits && !r.failed) {
+      for (let i = from; i < to; i++) slot.cached.push(r.job.prompt[i]);
+      if (r.job.onPromptLogits) {
         try {
-          for (let i = p.from; i < Math.min(p.to, r.job.prompt.length - 1); i++) {
-            r.job.onPromptLogits(i, this.#ctx.logits(p.first + (i - p.from)));
+          for (let i = from; i < Math.min(to, r.job.prompt.length - 1); i++) {
+            r.job.onPromptLogits(i, this.#ctx.logits(i - from));
           }
         } catch (e) {
           this.#finish(r, e);
         }
       }
-      r.fed = p.to;
-      this.stats.promptTokensEvaluated += p.to - p.from;
-      if (r.checkpointAt.has(p.to)) await this.#checkpoint(slot, p.to);
-      if (r.fed === r.job.prompt.length && !r.failed) await this.#startChoices(r, p.out);
+      r.fed = to;
+      this.stats.promptTokensEvaluated += to - from;
+      if (r.checkpointAt.has(to)) await this.#checkpoint(slot, to);
+      if (r.fed === r.job.prompt.length && !r.failed) await this.#startChoices(r, out);
+      this.stats.sampleMs += performance.now() - sampleStart;
     }
-    this.stats.sampleMs += performance.now() - sampleStart;
-    for (const r of [...this.#running]) {
-      if (r.choices.length > 0 && r.choices.every((c) => c.done)) this.#finish(r);
+  }
+
+  /** Runs the batch; on failure the memory of `jobs`' sequences is unknown: it is dropped and they fail. */
+  async #decode(jobs: Set<Running>): Promise<boolean> {
+    this.stats.decodes++;
+    this.stats.batchedTokens += this.#batch.size;
+    const decodeStart = performance.now();
+    try {
+      await this.#ctx.decode(this.#batch);
+      return true;
+    } catch (e) {
+      for (const r of jobs) {
+        for (const s of r.slots) this.#reset(s);
+        this.#finish(r, e);
+      }
+      return false;
+    } finally {
+      this.stats.decodeMs += performance.now() - decodeStart;
     }
   }
 
