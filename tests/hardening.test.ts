@@ -187,7 +187,7 @@ serverTest(
     // vocabulary on it, 15-25 ms per token. What the client sees also includes time in which this
     // shared 2-core machine had no core for the server (other test files run beside this one), so
     // the bound is checked on the server's own measure: the CPU time its JavaScript thread spent
-    // between two 10 ms ticks of its event loop (vserve_event_loop_stall_seconds). The probes'
+    // between two 25 ms ticks of its event loop (vserve_event_loop_stall_seconds). The probes'
     // latencies are checked against a bound only a stall of our own could reach.
     const chat = (schema: unknown) =>
       JSON.stringify({

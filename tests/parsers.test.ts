@@ -198,3 +198,21 @@ Deno.test("parser: output cut inside a call's opening tag shows none of it as co
     assert.equal(parse(dialect, ["x </thi"]).content, "x </thi");
   }
 });
+
+Deno.test("sampler: top-k over a vocabulary is exact (ties, masked entries, sorted logits)", () => {
+  const n = 151_936;
+  let seed = 7;
+  const random = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32);
+  const shapes: Record<string, (i: number) => number> = {
+    spread: () => (random() - 0.5) * 20,
+    ties: () => Math.round((random() - 0.5) * 6),
+    masked: (i) => (i % 997 === 0 ? random() : -Infinity),
+    ascending: (i) => i / n,
+  };
+  for (const [name, value] of Object.entries(shapes)) {
+    const x = Float32Array.from({ length: n }, (_, i) => value(i));
+    const expected = [...x.keys()].sort((a, b) => x[b] - x[a] || a - b).slice(0, 40)
+      .filter((i) => x[i] > -Infinity);
+    assert.deepEqual(topTokens(x, 40), expected, name);
+  }
+});

@@ -264,8 +264,9 @@ export class Scheduler {
       if (free.length < r.job.choices.length) return;
       this.#waiting.shift();
       const primary = this.#bestSlot(free, r.job.prompt);
+      // Next to the first one: the job's sequences then share micro-batches (see #decodeStep).
       const others = free.filter((s) => s !== primary)
-        .sort((a, b) => a.cached.length - b.cached.length)
+        .sort((a, b) => Math.abs(a.seq - primary.seq) - Math.abs(b.seq - primary.seq))
         .slice(0, r.job.choices.length - 1);
       r.slots = [primary, ...others];
       for (const s of r.slots) {
@@ -328,10 +329,17 @@ export class Scheduler {
         bestScore = score;
       }
     }
-    return best ??
-      [...free].sort((a, b) =>
-        (a.cached.length === 0 ? 0 : 1) - (b.cached.length === 0 ? 0 : 1) || a.lastUsed - b.lastUsed
-      )[0];
+    if (best) return best;
+    // Otherwise a slot next to a busy one (busy sequences in one run of ids share a micro-batch: see
+    // #decodeStep), then an empty one, then the least recently used (its cache is the stalest).
+    const busy = new Set(this.#slots.filter((s) => s.busy).map((s) => s.seq));
+    const adjacent = (s: Slot) => busy.has(s.seq - 1) || busy.has(s.seq + 1) ? 0 : 1;
+    return [...free].sort((a, b) =>
+      adjacent(a) - adjacent(b) ||
+      (a.cached.length === 0 ? 0 : 1) - (b.cached.length === 0 ? 0 : 1) ||
+      a.lastUsed - b.lastUsed ||
+      a.seq - b.seq
+    )[0];
   }
 
   /** Prompt tokens `slot` can keep for `prompt`. */
