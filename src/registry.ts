@@ -52,6 +52,12 @@ export const ModelSpecSchema = z.object({
   }).default("Instruct: {instruction}\nQuery:{text}"),
   /** Tool-call dialect; absent: read from the chat template (`<function=…>` = xml, else json). */
   toolFormat: z.enum(["json", "xml"]).optional(),
+  /**
+   * Chat models: decode concurrent sequences in one batch. `auto` (default): yes, unless a check at
+   * load finds that the backend computes a batch of sequences differently from one at a time
+   * (recurrent and hybrid models); `off`: one sequence per decode.
+   */
+  batchSequences: z.enum(["auto", "off"]).default("auto"),
 }).strict().superRefine((m, ctx) => {
   const remote = m.backend === "openai";
   if (remote && !m.upstreams) {

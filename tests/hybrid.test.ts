@@ -13,6 +13,7 @@ const KEY = "test-key";
 const MODEL = "Vendor/Vendor3.6-35B-A3B";
 /** The dense Qwen3 stand-in: batches several prompts at once, and must be just as exact. */
 const DENSE = "vserve/tiny-chat";
+const PER_SEQUENCE = "test/tiny-moe-per-sequence";
 const registry = await Deno.makeTempFile({ suffix: ".json" });
 await Deno.writeTextFile(
   registry,
@@ -20,6 +21,15 @@ await Deno.writeTextFile(
     models: [
       { id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 4096, parallel: 8 },
       { id: DENSE, kind: "chat", source: "builtin:tiny-chat", contextSize: 4096, parallel: 8 },
+      // The same hybrid model decoding one sequence at a time (what a failed batching check selects).
+      {
+        id: PER_SEQUENCE,
+        kind: "chat",
+        source: "builtin:tiny-moe",
+        contextSize: 4096,
+        parallel: 8,
+        batchSequences: "off",
+      },
     ],
   }),
 );
@@ -119,7 +129,15 @@ serverTest(
   },
 );
 
-for (const model of [MODEL, DENSE]) {
+serverTest("hybrid: batched decoding is checked at load against one sequence at a time", async () => {
+  const health = await (await fetch(`${live.url}/health`)).json();
+  const details = (id: string) => health.models.find((m: Json) => m.id === id);
+  assert.equal(details(MODEL).batched_decode, "batched (checked)");
+  assert.equal(details(DENSE).batched_decode, "batched");
+  assert.equal(details(PER_SEQUENCE).batched_decode, "per sequence");
+});
+
+for (const model of [MODEL, DENSE, PER_SEQUENCE]) {
   serverTest(`${model}: 8 concurrent streams give the same text as one at a time`, async () => {
     const bodies = Array.from(
       { length: 8 },

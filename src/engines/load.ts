@@ -80,12 +80,14 @@ export async function loadEngine(
     parallel,
     contextSize,
     toolFormat: spec.toolFormat,
+    batchSequences: spec.batchSequences,
     log,
   });
   report({
     context_size: engine.contextSize,
     tool_format: engine.dialect.name,
     thinking_default: spec.thinking ?? engine.thinking.defaultOn,
+    batched_decode: engine.batching,
   });
   return engine;
 }

@@ -40,6 +40,8 @@ export interface LlamaChatOptions {
   contextSize: number;
   /** Tool-call dialect; default: read from the chat template. */
   toolFormat?: "json" | "xml";
+  /** `off`: one sequence per decode; `auto`: batched unless {@link checkBatching} finds a difference. */
+  batchSequences?: "auto" | "off";
   log: Logger;
 }
 
@@ -64,6 +66,12 @@ export class LlamaChatEngine implements ChatEngine {
   readonly fim?: { prefix: number; suffix: number; middle: number };
   readonly dialect: ToolDialect;
   readonly thinking: ThinkingFacts;
+  /**
+   * How concurrent sequences are decoded: `batched`, `batched (checked)` (a recurrent model whose
+   * batched decode matched one-at-a-time decoding at load), or `per sequence` (configured, or the
+   * check found a difference).
+   */
+  readonly batching: string;
   readonly #model: NativeModel;
   readonly #ctx: NativeContext;
   readonly #batch: Batch;
@@ -83,16 +91,19 @@ export class LlamaChatEngine implements ChatEngine {
     batch: Batch,
     template: ChatTemplate,
     opts: LlamaChatOptions,
+    batching: string,
   ) {
     this.#model = model;
     this.#ctx = ctx;
     this.#batch = batch;
     this.#template = template;
     this.#log = opts.log;
+    this.batching = batching;
     this.#scheduler = new Scheduler(model, ctx, batch, {
       chunk: CHUNK,
       maxCheckpoints: 4,
       checkpointSpacing: 256,
+      oneSequencePerDecode: batching === "per sequence",
     });
     this.contextSize = ctx.nCtxSeq;
     this.maxChoices = ctx.nSeqMax;
@@ -130,7 +141,22 @@ export class LlamaChatEngine implements ChatEngine {
         embeddings: false,
         kvUnified: false,
       });
-      return new LlamaChatEngine(model, ctx, new Batch(lib, CHUNK + parallel), template, opts);
+      const batch = new Batch(lib, CHUNK + parallel);
+      let batching = "batched";
+      if (parallel < 2) batching = "batched";
+      else if (opts.batchSequences === "off") batching = "per sequence";
+      else if (model.recurrent) {
+        const difference = await checkBatching(model, ctx, batch);
+        batching = difference === 0 ? "batched (checked)" : "per sequence";
+        if (difference > 0) {
+          opts.log.warn(
+            "decoding several sequences in one batch gives other results than one at a time on this " +
+              `backend (largest logit difference ${difference.toFixed(3)}): decoding one sequence at a time`,
+            { model: opts.modelPath },
+          );
+        }
+      }
+      return new LlamaChatEngine(model, ctx, batch, template, opts, batching);
     } catch (e) {
       model.free();
       throw e;
@@ -403,6 +429,58 @@ function thinkPrefix(g: JsonGrammar, inThink: boolean, thinking: boolean): strin
   const reasoning = textWithout(g.rules, "reasoning", ["</think>", "<think>"]);
   const close = `${reasoning} "</think>" "\\n"{0,2} `;
   return inThink ? close : `( "<think>" ${close})? `;
+}
+
+/**
+ * Decodes two short texts on sequences 0 and 1, then one more token of each, once in one batch and
+ * once one sequence at a time, and compares the logits: 0 when they agree within the backend's
+ * rounding, else the largest difference. A recurrent model's state goes through kernels of their own
+ * for several sequences (llama.cpp's AMX matrix product got them wrong), and wrong output would be
+ * silent; the check costs four small decodes at load.
+ */
+export async function checkBatching(model: NativeModel, ctx: NativeContext, batch: Batch): Promise<number> {
+  const texts = ["The river runs past the old stone mill.", "Bells ring over the quiet town at noon."];
+  const prompts = texts.map((t) => model.tokenize(t, false));
+  const next = prompts[1][0];
+  const run = async (together: boolean): Promise<Float32Array[]> => {
+    ctx.clear();
+    const out: Float32Array[] = [];
+    for (const [seq, prompt] of prompts.entries()) {
+      batch.clear();
+      prompt.forEach((t, i) => batch.add(t, i, seq, false));
+      await ctx.decode(batch);
+      if (together) continue;
+      batch.clear();
+      batch.add(next, prompt.length, seq, true);
+      await ctx.decode(batch);
+      out.push(ctx.logits(0).slice());
+    }
+    if (together) {
+      batch.clear();
+      prompts.forEach((prompt, seq) => batch.add(next, prompt.length, seq, true));
+      await ctx.decode(batch);
+      out.push(ctx.logits(0).slice(), ctx.logits(1).slice());
+    }
+    return out;
+  };
+  try {
+    const [alone, batched] = [await run(false), await run(true)];
+    let largest = 0;
+    let spread = 0;
+    for (let s = 0; s < alone.length; s++) {
+      let lo = Infinity, hi = -Infinity;
+      for (let i = 0; i < alone[s].length; i++) {
+        largest = Math.max(largest, Math.abs(alone[s][i] - batched[s][i]));
+        lo = Math.min(lo, alone[s][i]);
+        hi = Math.max(hi, alone[s][i]);
+      }
+      spread = Math.max(spread, hi - lo);
+    }
+    // Kernels that batch differently round differently (GPUs): only differences beyond that count.
+    return largest <= 0.02 * spread ? 0 : largest;
+  } finally {
+    ctx.clear();
+  }
 }
 
 /** Positions where a turn starts (`<|im_start|>`): good places for recurrent-state checkpoints. */

@@ -119,6 +119,8 @@ export interface SchedulerOptions {
   maxCheckpoints: number;
   /** Least distance between two checkpoints of a sequence, except the last one of a prompt. */
   checkpointSpacing: number;
+  /** Decode each sequence's next token on its own (for backends that batch sequences wrongly). */
+  oneSequencePerDecode?: boolean;
 }
 
 /**
@@ -413,18 +415,22 @@ export class Scheduler {
     // runs of consecutive sequence ids into one micro-batch, so any other order costs a model pass per
     // run (8 streams: up to 8 passes a step instead of 1).
     decodes.sort((a, b) => a.choice.slot.seq - b.choice.slot.seq);
+    const groups = this.#opts.oneSequencePerDecode ? decodes.map((d) => [d]) : [decodes];
     const batch = this.#batch;
-    batch.clear();
-    for (const d of decodes) {
-      d.out = batch.add(d.choice.pending, d.choice.slot.cached.length, d.choice.slot.seq, true);
+    for (const group of groups) {
+      if (group.every((d) => d.running.failed)) continue;
+      batch.clear();
+      for (const d of group) {
+        d.out = batch.add(d.choice.pending, d.choice.slot.cached.length, d.choice.slot.seq, true);
+      }
+      if (!await this.#decode(new Set(group.map((d) => d.running)))) continue;
+      const sampleStart = performance.now();
+      for (const d of group) {
+        d.choice.slot.cached.push(d.choice.pending);
+        if (!d.running.failed) await this.#sample(d.running, d.choice, d.out);
+      }
+      this.stats.sampleMs += performance.now() - sampleStart;
     }
-    if (!await this.#decode(new Set(decodes.map((d) => d.running)))) return;
-    const sampleStart = performance.now();
-    for (const d of decodes) {
-      d.choice.slot.cached.push(d.choice.pending);
-      if (!d.running.failed) await this.#sample(d.running, d.choice, d.out);
-    }
-    this.stats.sampleMs += performance.now() - sampleStart;
   }
 
   /**
