@@ -1,6 +1,7 @@
 /** `GET /openapi.json`: a valid OpenAPI 3.1 document, generated from the zod schemas, covering every route. */
 import assert from "node:assert/strict";
 import { Ajv2020 } from "ajv/dist/2020";
+import { Validator } from "@seriousme/openapi-schema-validator";
 import { createServer } from "../src/server.ts";
 import { Registry } from "../src/registry.ts";
 import { KeyRing, RateLimiter } from "../src/http/auth.ts";
@@ -60,6 +61,34 @@ Deno.test("GET /openapi.json is an OpenAPI 3.1 document that needs no key", () =
   assert.equal(typeof doc.info.version, "string");
   assert.equal(doc.jsonSchemaDialect, "https://json-schema.org/draft/2020-12/schema");
   assert.equal(doc.components.securitySchemes.bearerAuth.scheme, "bearer");
+});
+
+const openApiValidator = new Validator();
+/** `document` checked against the official OpenAPI 3.1 schema, and its `$ref`s resolved. */
+async function validateOpenApi(document: Json): Promise<{ valid: boolean; errors?: unknown }> {
+  return await openApiValidator.validate(document);
+}
+
+Deno.test("the document validates against the OpenAPI 3.1 schema", async () => {
+  const result = await validateOpenApi(doc);
+  assert.ok(result.valid, JSON.stringify(result.errors, null, 1));
+});
+
+Deno.test("the OpenAPI 3.1 schema check rejects a broken copy of the document", async () => {
+  const valid = await validateOpenApi(structuredClone(doc));
+  assert.ok(valid.valid, "an untouched copy passes");
+  const noDescription = structuredClone(doc);
+  delete noDescription.paths["/health"].get.responses["200"].description;
+  assert.ok(!(await validateOpenApi(noDescription)).valid, "a response without description");
+  const unknownField = structuredClone(doc);
+  unknownField.paths["/health"].fetch = unknownField.paths["/health"].get;
+  assert.ok(!(await validateOpenApi(unknownField)).valid, "a path item with a field OpenAPI does not have");
+  const badParameter = structuredClone(doc);
+  badParameter.paths["/v1/models/{id}"].get.parameters[0].in = "body";
+  assert.ok(!(await validateOpenApi(badParameter)).valid, "a parameter `in: body` (OpenAPI 2 only)");
+  const danglingRef = structuredClone(doc);
+  delete danglingRef.components.schemas.Health;
+  assert.ok(!(await validateOpenApi(danglingRef)).valid, "a $ref to a missing component");
 });
 
 Deno.test("every route of the route table is documented, and nothing else", () => {

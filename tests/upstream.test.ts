@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
-import { standInVector, startStandIn } from "./helpers/standin.ts";
+import { standInVector, startBlackHole, startStandIn } from "./helpers/standin.ts";
 import { base64ToFloat32, truncateAndNormalize } from "../src/services/vectors.ts";
 
 const KEY = "gw-key";
@@ -35,6 +35,7 @@ const [u1, firstU2] = await Promise.all([
 let u2: TestServer = firstU2;
 const u2Port = new URL(u2.url).port;
 const [s1, s2, s3, s4] = [startStandIn(), startStandIn(), startStandIn(), startStandIn()];
+const hole = await startBlackHole();
 
 const fast = { connectTimeoutMs: 200, firstByteTimeoutMs: 400 };
 const gatewayRegistry = await writeJson({
@@ -78,6 +79,18 @@ const gatewayRegistry = await writeJson({
       }],
       routing: { ...fast, failures: 100 },
     },
+    ...[true, false].map((withSpare) => ({
+      id: withSpare ? "gw/noconnect" : "gw/noconnect-only",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [
+        // Its health check answers (elsewhere), so it is routable: only its request port is silent.
+        { url: hole.url, model: "ok", name: "silent", health: `${s2.url}/health` },
+        ...(withSpare ? [{ url: s2.url, model: "ok", name: "answers" }] : []),
+      ],
+      // The first-byte limit is far away: only the connect timeout can answer in time.
+      routing: { connectTimeoutMs: 300, firstByteTimeoutMs: 30_000, healthIntervalMs: 0, failures: 100 },
+    })),
     { id: "gw/cut", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "cut" }] },
     { id: "gw/slow", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "slow" }] },
     {
@@ -136,6 +149,7 @@ const gw = await startServer(["--models", gatewayRegistry, "--api-key", KEY], {
 globalThis.addEventListener("unload", () => {
   for (const s of [gw, u1, u2]) void s.stop();
   for (const s of [s1, s2, s3, s4]) void s.stop().catch(() => {});
+  hole.close();
 });
 
 const chatUrl = `${gw.url}/v1/chat/completions`;
@@ -359,6 +373,55 @@ serverTest("a request that fails before its first byte is retried once on anothe
   const after = series(await metrics(), "vserve_upstream_retries_total", { model: "gw/retry" });
   assert.ok(after - before >= 2, `retries counted: ${before} → ${after}`);
 });
+
+serverTest(
+  "an upstream that takes no TCP connection within connectTimeoutMs fails before its first byte: retried elsewhere, or 502 at once",
+  async () => {
+    const silentFailures = async (model: string) =>
+      series(await metrics(), "vserve_upstream_requests_total", {
+        model,
+        upstream: "silent",
+        outcome: "failed",
+      });
+    const before = await silentFailures("gw/noconnect");
+    const times: number[] = [];
+    for (const stream of [false, true]) {
+      const started = performance.now();
+      if (stream) {
+        const events = await streamEvents(chatUrl, KEY, { model: "gw/noconnect", messages: user });
+        assert.equal(events.at(-1), "[DONE]");
+        assert.ok(!events.some((e) => e.error), "no error event");
+      } else {
+        const r = await post({ model: "gw/noconnect", messages: user });
+        assert.equal(r.status, 200, JSON.stringify(r.body));
+        assert.equal(r.body.choices[0].message.content, "Hello world");
+      }
+      times.push(performance.now() - started);
+      // Connect timeout (300 ms) + the connect check (300 ms) + the retry; not the 30 s first-byte limit.
+      assert.ok(times.at(-1)! < 10_000, `answered in ${times.at(-1)!.toFixed(0)} ms`);
+    }
+    assert.ok(await silentFailures("gw/noconnect") - before >= 2, "the silent upstream was tried first");
+    assert.ok(
+      gw.logs.some((l) =>
+        l.includes('"model":"gw/noconnect"') && l.includes('"upstream":"silent"') &&
+        l.includes("(connect timeout)") && l.includes('"retry_on":"answers"')
+      ),
+      "the log says why it was given up",
+    );
+
+    const started = performance.now();
+    const alone = await post({ model: "gw/noconnect-only", messages: user });
+    times.push(performance.now() - started);
+    assertApiError(alone, 502, { type: "server_error", code: "upstream_error" });
+    assert.ok(times[2] < 10_000, `502 in ${times[2].toFixed(0)} ms`);
+    assert.ok(!JSON.stringify(alone.body).includes(String(hole.port)), "the body does not name the upstream");
+    const [whole, streamed, failed] = times.map((t) => t.toFixed(0));
+    console.log(
+      `connect timeout 300 ms (a full listen queue of ${hole.held}): answered by the spare upstream in ` +
+        `${whole} ms (${streamed} ms streamed); with no spare, 502 in ${failed} ms`,
+    );
+  },
+);
 
 serverTest("a failure after the first byte ends the stream with an error event and [DONE]", async () => {
   const events = await streamEvents(chatUrl, KEY, { model: "gw/cut", messages: user });

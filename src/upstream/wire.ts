@@ -174,24 +174,21 @@ async function readCapped(res: Response, max: number): Promise<string> {
   return new TextDecoder().decode(all.subarray(0, max));
 }
 
-/** Whether a TCP connection to the upstream's host can be made within `ms`. */
+/** Whether a TCP connection to the upstream's host can be made within `ms` (the attempt is then abandoned). */
 async function canConnect(base: string, ms: number): Promise<boolean> {
   const url = new URL(base);
   const port = Number(url.port || (url.protocol === "https:" ? 443 : 80));
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const attempt = Deno.connect({ hostname: url.hostname.replace(/^\[|\]$/g, ""), port }).then(
-    (conn) => {
-      conn.close();
-      return true;
-    },
-    () => false,
-  );
-  const ok = await Promise.race([
-    attempt,
-    new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms))),
-  ]);
-  clearTimeout(timer);
-  return ok;
+  try {
+    const conn = await Deno.connect({
+      hostname: url.hostname.replace(/^\[|\]$/g, ""),
+      port,
+      signal: AbortSignal.timeout(ms),
+    });
+    conn.close();
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** The error fields an upstream's body carries, whatever its shape. */

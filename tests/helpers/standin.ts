@@ -198,3 +198,52 @@ export function startStandIn(port = 0): StandIn {
   state.url = `http://127.0.0.1:${state.port}`;
   return state;
 }
+
+/** A loopback port that accepts no TCP connection (see {@link startBlackHole}). */
+export interface BlackHole {
+  url: string;
+  port: number;
+  /** Connections held to fill the listen queue. */
+  held: number;
+  close(): void;
+}
+
+/**
+ * A listening socket whose listen queue is full, so that a connect to it hangs (the kernel drops
+ * the SYN) instead of being refused: what a host that has gone silent looks like to a client,
+ * made on loopback. Connections are opened and never accepted until one no longer completes.
+ *
+ * @example
+ * ```ts
+ * const hole = await startBlackHole();
+ * await Deno.connect({ hostname: "127.0.0.1", port: hole.port, signal: AbortSignal.timeout(500) }); // throws
+ * hole.close();
+ * ```
+ */
+export async function startBlackHole(): Promise<BlackHole> {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = listener.addr.port;
+  const held: Deno.Conn[] = [];
+  // Deno's listen queue holds 512 here; the bound keeps a change of that from looping for ever.
+  for (let i = 0; i < 65_536; i++) {
+    try {
+      held.push(await Deno.connect({ hostname: "127.0.0.1", port, signal: AbortSignal.timeout(200) }));
+    } catch {
+      break;
+    }
+  }
+  const probe = await Deno.connect({ hostname: "127.0.0.1", port, signal: AbortSignal.timeout(300) })
+    .then((c) => (c.close(), "connected"), (e: Error) => e.name);
+  if (probe !== "TimeoutError") {
+    throw new Error(`the black hole on port ${port} did not hang a connect: ${probe}`);
+  }
+  return {
+    url: `http://127.0.0.1:${port}`,
+    port,
+    held: held.length,
+    close: () => {
+      listener.close();
+      for (const c of held) c.close();
+    },
+  };
+}
