@@ -1,7 +1,8 @@
 /**
  * POST /v1/responses through a real server and the official SDK's `responses.create` and
  * `responses.stream`: text, reasoning, streaming events, a function-call round trip, structured
- * output, the stateless refusals; and the event writer on fake chunks (pure logic).
+ * output (json_schema, json_object), parallel calls, sampling parameters, failures mid-stream (the
+ * output check, the time limit), the stateless refusals; and the event writer on fake chunks (pure logic).
  */
 import assert from "node:assert/strict";
 import OpenAI from "openai";
@@ -290,6 +291,301 @@ serverTest("structured output via text.format json_schema is valid JSON of the s
   }
 });
 
+/** A streamed request through the SDK: its events, and the error that ended the stream, if one did. */
+async function streamed(body: Record<string, unknown>): Promise<{ events: Json[]; error?: Json }> {
+  const stream = await client.responses.create(
+    { ...body, stream: true } as never,
+  ) as unknown as AsyncIterable<Json>;
+  const events: Json[] = [];
+  try {
+    for await (const e of stream) events.push(e);
+  } catch (error) {
+    return { events, error };
+  }
+  return { events };
+}
+
+const deltasOf = (events: Json[], type: string) =>
+  events.filter((e) => e.type === type).map((e) => e.delta).join("");
+
+serverTest(
+  "text.format json_object: the grammar makes the output a JSON object, streamed or not",
+  async () => {
+    // A random model rarely closes a free-form string; logit_bias favours '"' (1) and '}' (92).
+    const body = {
+      model: MODEL,
+      input: "Reply in JSON",
+      text: { format: { type: "json_object" } },
+      max_output_tokens: 120,
+      logit_bias: { "1": 15, "92": 12 },
+      ...NO_THINKING,
+    };
+    let done: { seed: number; res: Json } | undefined;
+    for (let seed = 1; seed <= 12 && !done; seed++) {
+      const res = await create({ ...body, seed });
+      ResponseObjectSchema.parse(res);
+      assert.deepEqual(res.text.format, { type: "json_object" });
+      assert.match(res.output_text, /^\s*\{/, "the grammar opens an object");
+      if (res.status !== "completed") {
+        assert.deepEqual(res.incomplete_details, { reason: "max_output_tokens" });
+        continue;
+      }
+      const value = JSON.parse(res.output_text);
+      assert.ok(typeof value === "object" && value !== null && !Array.isArray(value), res.output_text);
+      if (Object.keys(value).length > 0) done = { seed, res };
+    }
+    assert.ok(done, "some seed closed an object with members within max_output_tokens");
+    // Streamed: the deltas make the same object, and the stream completes.
+    const { events, error } = await streamed({ ...body, seed: done.seed });
+    assert.equal(error, undefined);
+    assert.equal(deltasOf(events, "response.output_text.delta"), done.res.output_text);
+    assert.equal(events.at(-1).type, "response.completed");
+    assert.deepEqual(events.at(-1).response.text.format, { type: "json_object" });
+    // Without the format the same seed writes free text: it is the grammar that makes the object.
+    const { text: _, ...free } = body;
+    const plain = await create({ ...free, seed: done.seed });
+    assert.doesNotMatch(plain.output_text, /^\s*\{/, plain.output_text);
+  },
+);
+
+const CLOCK = {
+  type: "function",
+  name: "get_time",
+  description: "The time in a zone",
+  parameters: {
+    type: "object",
+    properties: { zone: { type: "string", enum: ["UTC", "CET", "JST"] } },
+    required: ["zone"],
+    additionalProperties: false,
+  },
+};
+const SCHEMAS: Record<string, Record<string, unknown>> = {
+  get_weather: WEATHER.parameters,
+  get_time: CLOCK.parameters,
+};
+
+/** The function_call items of an output, each checked against its tool's schema. */
+function callsOf(output: Json[]): Json[] {
+  const calls = output.filter((o) => o.type === "function_call");
+  for (const c of calls) {
+    assert.ok(c.name in SCHEMAS, c.name);
+    assert.ok(checkAgainstSchema(SCHEMAS[c.name], JSON.parse(c.arguments)).ok, `${c.name}(${c.arguments})`);
+    assert.equal(c.status, "completed");
+  }
+  return calls;
+}
+
+serverTest(
+  "parallel_tool_calls: true may give several function_call items, false exactly one; a cut call is incomplete",
+  async () => {
+    const body = {
+      model: MODEL,
+      input: "Weather and time?",
+      tools: [WEATHER, CLOCK],
+      tool_choice: "required",
+      max_output_tokens: 400,
+      ...NO_THINKING,
+    };
+    let several: { seed: number; res: Json } | undefined;
+    for (let seed = 1; seed <= 12 && !several; seed++) {
+      const res = await create({ ...body, seed });
+      if (res.status !== "completed") continue;
+      if (callsOf(res.output).length >= 2) several = { seed, res };
+    }
+    assert.ok(several, "some seed produced parallel calls");
+    const { seed, res } = several;
+    assert.equal(res.parallel_tool_calls, true, "the default is true");
+    const calls = callsOf(res.output);
+    assert.equal(new Set(calls.map((c) => c.call_id)).size, calls.length, "call ids are unique");
+    assert.equal(new Set(calls.map((c) => c.id)).size, calls.length, "item ids are unique");
+
+    // Streamed: one function_call item per call, in order, with the same names and arguments.
+    const { events, error } = await streamed({ ...body, seed });
+    assert.equal(error, undefined);
+    const final = events.at(-1);
+    assert.equal(final.type, "response.completed");
+    const items = events.filter((e) => e.type === "response.output_item.done").map((e) => e.item);
+    assert.deepEqual(
+      items.map((i) => [i.type, i.name, i.arguments]),
+      calls.map((c) => ["function_call", c.name, c.arguments]),
+    );
+    for (const item of items) {
+      const args = events.filter((e) =>
+        e.type === "response.function_call_arguments.delta" && e.item_id === item.id
+      ).map((e) => e.delta).join("");
+      assert.equal(args, item.arguments);
+    }
+    assert.deepEqual(final.response.output.map((o: Json) => o.call_id), items.map((i) => i.call_id));
+
+    // parallel_tool_calls false: the grammar closes after one call, here the first one of that seed.
+    for (const stream of [false, true]) {
+      const one = stream
+        ? (await streamed({ ...body, seed, parallel_tool_calls: false })).events.at(-1).response
+        : await create({ ...body, seed, parallel_tool_calls: false });
+      assert.equal(one.status, "completed", JSON.stringify(one.output));
+      assert.equal(one.parallel_tool_calls, false);
+      const single = callsOf(one.output);
+      assert.equal(single.length, 1, `stream ${stream}: ${JSON.stringify(one.output)}`);
+      assert.deepEqual([single[0].name, single[0].arguments], [calls[0].name, calls[0].arguments]);
+    }
+
+    // Cut by max_output_tokens inside the last call: that call is incomplete, the ones before completed.
+    const limit = res.usage.output_tokens - 3;
+    for (const stream of [false, true]) {
+      const cut = stream
+        ? (await streamed({ ...body, seed, max_output_tokens: limit })).events.at(-1).response
+        : await create({ ...body, seed, max_output_tokens: limit });
+      assert.equal(cut.status, "incomplete");
+      assert.deepEqual(cut.incomplete_details, { reason: "max_output_tokens" });
+      assert.deepEqual(
+        cut.output.map((o: Json) => [o.type, o.name, o.status]),
+        calls.map((c, i) => ["function_call", c.name, i < calls.length - 1 ? "completed" : "incomplete"]),
+        `stream ${stream}`,
+      );
+      assert.equal(cut.output[0].arguments, calls[0].arguments);
+    }
+  },
+);
+
+serverTest("temperature, top_p and seed reach the sampler, as on chat completions", async () => {
+  const body = { model: MODEL, input: "Tell a story", max_output_tokens: 16, ...NO_THINKING };
+  const chat = async (fields: Record<string, unknown>) =>
+    (await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: "user", content: "Tell a story" }],
+      max_completion_tokens: 16,
+      chat_template_kwargs: { enable_thinking: false },
+      ...fields,
+    } as never) as Json).choices[0].message.content;
+  const greedy = (await create({ ...body, temperature: 0 })).output_text;
+  const sampled = await create({ ...body, temperature: 1, seed: 7 });
+  assert.equal(sampled.temperature, 1);
+  assert.equal(sampled.top_p, null);
+  assert.equal(
+    (await create({ ...body, temperature: 1, seed: 7 })).output_text,
+    sampled.output_text,
+    "a seed repeats",
+  );
+  assert.notEqual(sampled.output_text, greedy, "temperature 1 samples");
+  assert.notEqual((await create({ ...body, temperature: 1, seed: 8 })).output_text, sampled.output_text);
+  assert.equal(await chat({ temperature: 1, seed: 7 }), sampled.output_text, "the same job as chat's");
+  // top_p near 0 keeps only the likeliest token: greedy, whatever the seed, streamed or not.
+  for (const seed of [7, 8]) {
+    const res = await create({ ...body, temperature: 1, top_p: 1e-9, seed });
+    assert.equal(res.output_text, greedy, `seed ${seed}`);
+    assert.equal(res.top_p, 1e-9);
+  }
+  const { events } = await streamed({ ...body, temperature: 1, top_p: 1e-9, seed: 8 });
+  assert.equal(deltasOf(events, "response.output_text.delta"), greedy);
+  assert.equal(events.at(-1).response.top_p, 1e-9);
+  // Values in between: the same text as chat completions with the same numbers.
+  const mid = { temperature: 1.5, top_p: 0.5, seed: 7 };
+  const both = await create({ ...body, ...mid });
+  assert.deepEqual([both.temperature, both.top_p], [1.5, 0.5]);
+  assert.equal(both.output_text, await chat(mid));
+  assert.notEqual(both.output_text, await chat({ ...mid, top_p: 1 }), "top_p 0.5 changes the draw");
+  assert.notEqual(both.output_text, await chat({ ...mid, temperature: 1 }), "temperature 1.5 changes it");
+});
+
+serverTest(
+  "output that fails its schema check mid-stream ends in response.failed and error; unstreamed a 500",
+  async () => {
+    // The grammar can only write ["a","a"]; uniqueItems, left to the output check, rejects it.
+    const schema = { type: "array", items: { const: "a" }, minItems: 2, maxItems: 2, uniqueItems: true };
+    const body = {
+      model: MODEL,
+      input: "Two",
+      text: { format: { type: "json_schema", name: "pair", schema } },
+      max_output_tokens: 40,
+      ...NO_THINKING,
+    };
+    const { events, error } = await streamed(body);
+    assert.ok(error instanceof OpenAI.APIError, String(error));
+    assert.equal(error.code, "invalid_output");
+    assert.match(error.message, /did not satisfy the requested schema/);
+    events.forEach((e, i) => {
+      ResponseStreamEventSchema.parse(e);
+      assert.equal(e.sequence_number, i);
+    });
+    const types = events.map((e) => e.type);
+    assert.equal(types.at(-1), "response.failed", types.join(","));
+    assert.ok(!types.includes("response.completed") && !types.includes("response.incomplete"));
+    // The text went out before the check: it is in the deltas and in the failed snapshot.
+    const text = deltasOf(events, "response.output_text.delta");
+    assert.deepEqual(JSON.parse(text), ["a", "a"]);
+    const failed = ResponseObjectSchema.parse(events.at(-1).response);
+    assert.equal(failed.status, "failed");
+    assert.equal(failed.error?.code, "invalid_output");
+    assert.equal(failed.error?.message, error.message);
+    assert.equal(failed.usage, null);
+    const message = failed.output.find((o) => o.type === "message");
+    assert.equal(message?.type === "message" ? message.content[0].text : undefined, text);
+    // On the wire: the error event is the last one, named, and no [DONE] follows.
+    const raw = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ ...body, stream: true }),
+    });
+    assert.equal(raw.status, 200);
+    const frames = (await raw.text()).trim().split("\n\n").filter((f) => !f.startsWith(":"));
+    assert.deepEqual(frames.slice(-2).map((f) => f.split("\n")[0]), [
+      "event: response.failed",
+      "event: error",
+    ]);
+    const last = JSON.parse(frames.at(-1)!.split("\n")[1].slice("data: ".length));
+    assert.deepEqual([last.type, last.code, last.param], ["error", "invalid_output", null]);
+    // Unstreamed, the output is generated again and, failing each time, never returned.
+    await assert.rejects(
+      create(body),
+      (e: Json) => e instanceof OpenAI.APIError && e.status === 500 && e.code === "invalid_output",
+    );
+  },
+);
+
+serverTest(
+  "the request time limit mid-stream: response.failed and error with code timeout, and the slot is freed",
+  async () => {
+    const limited = await startServer(
+      ["--api-key", KEY, "--parallel", "1", "--request-timeout-ms", "3000"],
+      { waitReady: true },
+    );
+    try {
+      const sdk = new OpenAI({ baseURL: `${limited.url}/v1`, apiKey: KEY, maxRetries: 0 });
+      const stream = await sdk.responses.create({
+        model: MODEL,
+        input: "Go on",
+        max_output_tokens: 20000,
+        seed: 1,
+        // <|endoftext|> and <|im_end|> never come: only the time limit ends this answer.
+        logit_bias: { "151643": -100, "151645": -100 },
+        stream: true,
+        ...NO_THINKING,
+      } as never) as unknown as AsyncIterable<Json>;
+      const events: Json[] = [];
+      const error = await (async () => {
+        for await (const e of stream) events.push(e);
+      })().then(() => undefined, (e) => e);
+      assert.ok(error instanceof OpenAI.APIError, String(error));
+      assert.equal(error.code, "timeout");
+      events.forEach((e, i) => assert.equal(e.sequence_number, i));
+      const failed = events.at(-1);
+      assert.equal(failed.type, "response.failed", events.map((e) => e.type).join(","));
+      const response = ResponseObjectSchema.parse(failed.response);
+      assert.deepEqual(response.error, { code: "timeout", message: error.message });
+      // It failed mid-way: text had been sent, and the snapshot holds it.
+      const text = deltasOf(events, "response.output_text.delta");
+      assert.ok(text.length > 0, "text was streamed before the limit");
+      const message = response.output.find((o) => o.type === "message");
+      assert.equal(message?.type === "message" ? message.content[0].text : undefined, text);
+      // The one sequence is free again.
+      const next = await sdk.responses.create({ model: MODEL, input: "hi", max_output_tokens: 2 } as never);
+      assert.equal((next as Json).object, "response");
+    } finally {
+      await limited.stop();
+    }
+  },
+);
+
 serverTest(
   "stateless: store true, previous_response_id, conversation, background and retrieval are refused",
   async () => {
@@ -431,6 +727,30 @@ Deno.test("stream events: reasoning, blank text, two calls; each item closed bef
   // The added item is an empty shell; the done one is whole.
   assert.deepEqual(events[2].item.summary, []);
   assert.equal(events[7].item.summary[0].text, "hm");
+});
+
+Deno.test("stream events: a call cut by the token limit is incomplete; the call before it completed", async () => {
+  async function* chunks(): AsyncGenerator<ChatChunk> {
+    yield chunk({
+      tool_calls: [{
+        index: 0,
+        id: "call_a",
+        type: "function",
+        function: { name: "f", arguments: '{"a":1}' },
+      }],
+    });
+    yield chunk({
+      tool_calls: [{ index: 1, id: "call_b", type: "function", function: { name: "g", arguments: '{"b":' } }],
+    });
+    yield chunk({}, "length");
+  }
+  const events: Json[] = [];
+  for await (const e of streamEvents(BASE, chunks(), (e) => e)) events.push(e);
+  const done = events.filter((e) => e.type === "response.output_item.done").map((e) => e.item.status);
+  assert.deepEqual(done, ["completed", "incomplete"]);
+  const final = events.at(-1);
+  assert.equal(final.type, "response.incomplete");
+  assert.deepEqual(final.response.output.map((o: Json) => o.status), ["completed", "incomplete"]);
 });
 
 Deno.test("stream events: an error mid-stream is response.failed, then an error event; nothing after", async () => {

@@ -357,16 +357,18 @@ function fromCompletion(base: Base, completion: ChatCompletion): ResponseObject 
       content: [{ type: "output_text", text: m.content, annotations: [], logprobs: [] }],
     });
   }
-  for (const c of m.tool_calls ?? []) {
+  const calls = m.tool_calls ?? [];
+  calls.forEach((c, i) => {
     output.push({
       type: "function_call",
       id: itemId("fc"),
       call_id: c.id,
       name: c.function.name,
       arguments: c.function.arguments,
-      status: "completed",
+      // Only the last call can have been cut by the token limit.
+      status: i === calls.length - 1 ? itemStatus : "completed",
     });
-  }
+  });
   return { ...base, ...end, error: null, output, usage: usageOf(completion.usage) };
 }
 
@@ -443,9 +445,10 @@ export async function* streamEvents(
     if (!item) return;
     current = undefined;
     const at = { item_id: item.id, output_index: index };
+    // The item the token limit cut is incomplete; every one closed before it is completed.
+    item.status = status;
     if (item.type === "reasoning") {
       const text = item.summary[0].text;
-      item.status = status;
       yield event("response.reasoning_summary_text.done", { ...at, summary_index: 0, text });
       yield event("response.reasoning_summary_part.done", {
         ...at,
@@ -454,11 +457,9 @@ export async function* streamEvents(
       });
     } else if (item.type === "message") {
       const part = item.content[0];
-      item.status = status;
       yield event("response.output_text.done", { ...at, content_index: 0, text: part.text, logprobs: [] });
       yield event("response.content_part.done", { ...at, content_index: 0, part: structuredClone(part) });
     } else {
-      item.status = "completed";
       yield event("response.function_call_arguments.done", {
         ...at,
         name: item.name,
