@@ -482,3 +482,50 @@ serverTest(
     );
   },
 );
+
+serverTest(
+  "an idle server does not spin: the compute threads sleep once the engines run out of work",
+  async () => {
+    // With 2 threads ggml keeps a worker polling for new work after every decode (~100 ms of a core on
+    // this Xeon); the engines put the pool to sleep when their queues empty. Measured in CPU time of the
+    // process, which other load on the machine does not inflate.
+    await withServer(["--threads", "2"], async (server) => {
+      const cpuMs = async () => {
+        const stat = (await Deno.readTextFile(`/proc/${server.pid}/stat`)).split(") ")[1].split(" ");
+        return (Number(stat[11]) + Number(stat[12])) * 1000 / 100;
+      };
+      const idleFor = async (ms: number) => {
+        const before = await cpuMs();
+        await new Promise((r) => setTimeout(r, ms));
+        return (await cpuMs()) - before;
+      };
+      const quiet = await idleFor(1000);
+      const after: Record<string, number> = {};
+      for (
+        const [name, call] of Object.entries({
+          embedding: () =>
+            postJson(`${server.url}/v1/embeddings`, { model: EMBED, input: "idle check" }, KEY),
+          chat: () =>
+            postJson(
+              `${server.url}/v1/chat/completions`,
+              { model: CHAT, messages: user, max_tokens: 3 },
+              KEY,
+            ),
+        })
+      ) {
+        const res = await call();
+        assert.equal(res.status, 200, JSON.stringify(res.body));
+        after[name] = await idleFor(1000);
+      }
+      console.log(
+        `CPU time in 1 s: idle ${quiet} ms, after an embedding ${after.embedding} ms, after a chat ${after.chat} ms`,
+      );
+      for (const [name, ms] of Object.entries(after)) {
+        assert.ok(
+          ms <= quiet + 50,
+          `${ms} ms of CPU in the second after a ${name} request (idle: ${quiet} ms)`,
+        );
+      }
+    });
+  },
+);

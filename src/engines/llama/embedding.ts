@@ -194,6 +194,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       }
     } finally {
       this.#running = false;
+      this.#ctx.idle();
     }
   }
 

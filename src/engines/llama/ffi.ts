@@ -173,6 +173,13 @@ export interface LlamaLibrary {
   symbols: LlamaSymbols;
   /** A persistent CPU thread pool of `threads` workers, shared by every context (see below). */
   threadpool(threads: number): Deno.PointerValue;
+  /**
+   * Puts the pools' workers to sleep when no compute is running or queued. Engines call it when
+   * their loop runs out of work: after a decode the workers otherwise spin for new work (ggml's
+   * polling, ~100 ms of a core on this Xeon), taking a core from the HTTP side and from other
+   * processes while the server is idle. The next decode wakes them.
+   */
+  idle(): void;
 }
 
 let opened: LlamaLibrary | undefined;
@@ -191,12 +198,18 @@ export function openLlamaLibrary(): LlamaLibrary {
   const path = loadedLibraryPath();
   const lib = Deno.dlopen(path, SYMBOLS);
   const pools = new Map<number, Deno.PointerValue>();
+  let pause: ((pool: Deno.PointerValue) => void) | undefined;
   opened = {
     path,
     symbols: lib.symbols,
     threadpool: (threads) => {
       if (!pools.has(threads)) pools.set(threads, createThreadpool(path, threads));
       return pools.get(threads)!;
+    },
+    idle: () => {
+      if (inFlight > 0 || pools.size === 0) return;
+      pause ??= threadpoolPause() ?? (() => {});
+      for (const pool of pools.values()) if (pool) pause(pool);
     },
   };
   checkLayouts(opened.symbols);
@@ -237,7 +250,24 @@ function createThreadpool(llamaPath: string, threads: number): Deno.PointerValue
   }
 }
 
+/**
+ * `ggml_threadpool_pause` of the CPU backend variant ggml loaded (`libggml-cpu-<variant>.so`, or
+ * `libggml-cpu.so`), which exports it; undefined when it cannot be found.
+ */
+function threadpoolPause(): ((pool: Deno.PointerValue) => void) | undefined {
+  try {
+    const path = mappedLibraries().find((p) => /\/libggml-cpu(-[\w]+)?\.so$/.test(p));
+    if (!path) return undefined;
+    const cpu = Deno.dlopen(path, { ggml_threadpool_pause: { parameters: ["pointer"], result: "void" } });
+    return (pool) => cpu.symbols.ggml_threadpool_pause(pool);
+  } catch {
+    return undefined;
+  }
+}
+
 let computing: Promise<unknown> = Promise.resolve();
+/** Compute calls queued or running in {@link serialized}. */
+let inFlight = 0;
 
 /**
  * Runs native compute work one at a time in this process. Every context shares one thread pool
@@ -251,21 +281,27 @@ let computing: Promise<unknown> = Promise.resolve();
  * ```
  */
 export function serialized<T>(work: () => Promise<T>): Promise<T> {
-  const run = computing.then(work, work);
+  inFlight++;
+  const run = computing.then(work, work).finally(() => inFlight--);
   computing = run.catch(() => {});
   return run;
 }
 
+/** The paths of the files mapped into this process (Linux). */
+function mappedLibraries(): string[] {
+  return Deno.readTextFileSync("/proc/self/maps").split("\n")
+    .map((line) => line.trim().split(/\s+/).slice(5).join(" "));
+}
+
 /** The path of the libllama mapped into this process by node-llama-cpp's addon. */
 function loadedLibraryPath(): string {
-  let maps = "";
+  let maps: string[];
   try {
-    maps = Deno.readTextFileSync("/proc/self/maps");
+    maps = mappedLibraries();
   } catch {
     throw new Error("cannot find node-llama-cpp's libllama: /proc/self/maps is not readable (Linux only)");
   }
-  const path = maps.split("\n").map((line) => line.trim().split(/\s+/).slice(5).join(" "))
-    .find((p) => /\/libllama(\.v[\d.]+(\.\w+)?)?\.so$/.test(p));
+  const path = maps.find((p) => /\/libllama(\.v[\d.]+(\.\w+)?)?\.so$/.test(p));
   if (!path) throw new Error("node-llama-cpp's libllama is not loaded; call getLlama() first");
   return path;
 }

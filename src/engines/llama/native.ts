@@ -259,6 +259,11 @@ export class NativeContext {
     return new NativeContext(lib, model, ptr);
   }
 
+  /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */
+  idle(): void {
+    this.lib.idle();
+  }
+
   /** Runs the model on `batch` (off the JS thread); throws with llama.cpp's reason on failure. */
   async decode(batch: Batch): Promise<void> {
     if (batch.size === 0) return;

@@ -229,6 +229,7 @@ export class Scheduler {
       await this.#loopSteps();
     } finally {
       this.#looping = false;
+      this.#ctx.idle();
     }
   }
 
