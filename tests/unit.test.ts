@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/services/vectors.ts";
+import { Counter } from "../src/metrics.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
 import { formatPath } from "../src/http/errors.ts";
 import { constantTimeEqual, KeyRing, parseKeyFile, plainKey, RateLimiter } from "../src/http/auth.ts";
@@ -57,6 +58,18 @@ Deno.test("base64 embeddings are little-endian float32 and round-trip", () => {
   assert.equal(float32ToBase64(new Float32Array([1])), "AACAPw==");
   const v = new Float32Array([0.1, -2.5, 3e-8]);
   assert.deepEqual(base64ToFloat32(float32ToBase64(v)), v);
+  // A view into a larger buffer encodes only its own components.
+  assert.equal(float32ToBase64(new Float32Array([9, 2, 3]).subarray(1)), "AAAAQAAAQEA=");
+  assert.throws(() => base64ToFloat32("AACA"), RangeError, "3 bytes are not whole float32 values");
+  assert.throws(() => base64ToFloat32("not base64!"));
+});
+
+Deno.test("metric series: labels in name order, values escaped", () => {
+  const c = new Counter("x_total", "");
+  c.inc({ status: "200", route: "/a" });
+  c.inc({ route: "/a", status: "200" }, 2);
+  c.inc({ model: 'a"b\\c\nd' });
+  assert.deepEqual(c.render(), ['x_total{route="/a",status="200"} 3', 'x_total{model="a\\"b\\\\c\\nd"} 1']);
 });
 
 Deno.test("formatPath writes JSON paths as OpenAI reports param", () => {

@@ -17,6 +17,9 @@ export function truncateAndNormalize(vector: Float32Array, dims: number): Float3
   return out;
 }
 
+/** Whether this machine stores numbers little-endian (the wire order of base64 embeddings). */
+const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
 /**
  * Little-endian float32 bytes as base64, the OpenAI `encoding_format: "base64"` form.
  *
@@ -26,23 +29,20 @@ export function truncateAndNormalize(vector: Float32Array, dims: number): Float3
  * ```
  */
 export function float32ToBase64(vector: Float32Array): string {
+  if (LITTLE_ENDIAN) return new Uint8Array(vector.buffer, vector.byteOffset, vector.byteLength).toBase64();
   const bytes = new Uint8Array(vector.length * 4);
   const view = new DataView(bytes.buffer);
   for (let i = 0; i < vector.length; i++) view.setFloat32(i * 4, vector[i], true);
-  let binary = "";
-  const step = 0x8000;
-  for (let i = 0; i < bytes.length; i += step) {
-    binary += String.fromCharCode(...bytes.subarray(i, i + step));
-  }
-  return btoa(binary);
+  return bytes.toBase64();
 }
 
-/** The inverse of {@link float32ToBase64}. */
+/** The inverse of {@link float32ToBase64}; throws on text that is not base64 of whole float32s. */
 export function base64ToFloat32(text: string): Float32Array {
-  const binary = atob(text);
-  const view = new DataView(new ArrayBuffer(binary.length));
-  for (let i = 0; i < binary.length; i++) view.setUint8(i, binary.charCodeAt(i));
-  const out = new Float32Array(binary.length / 4);
+  const bytes = Uint8Array.fromBase64(text);
+  if (bytes.length % 4 !== 0) throw new RangeError(`${bytes.length} bytes are not whole float32 values`);
+  if (LITTLE_ENDIAN) return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4);
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.length);
+  const out = new Float32Array(bytes.length / 4);
   for (let i = 0; i < out.length; i++) out[i] = view.getFloat32(i * 4, true);
   return out;
 }
