@@ -101,7 +101,7 @@ export class Metrics {
   readonly requests = new Counter("vserve_http_requests_total", "HTTP requests by route and status.");
   readonly duration = new Histogram(
     "vserve_http_request_duration_seconds",
-    "Time from request to the last byte of the response.",
+    "Time from request to the response (for streams, to their last byte).",
     SECONDS,
   );
   readonly ttft = new Histogram(
