@@ -517,9 +517,10 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ms: Number((seconds * 1000).toFixed(2)),
       });
     };
-    // Streams end later: their last byte ends the request. Every other body is one string sent at once;
-    // wrapped in a stream it would lose Deno's direct write (content-length instead of chunks).
-    const streaming = res.body && res.headers.get("content-type")?.startsWith("text/event-stream");
+    // Streams end later: their last byte ends the request. Every other body is one string sent at once
+    // with a content-length, which it keeps only while nobody reads `res.body` (the getter turns a
+    // string body into a stream, sent chunked): look at the content type first.
+    const streaming = res.headers.get("content-type")?.startsWith("text/event-stream") && res.body !== null;
     return streaming ? withBodyEnd(res, finish) : (finish(), res);
   };
   return Object.assign(handler, { routes: routeTable });

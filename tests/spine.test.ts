@@ -24,6 +24,17 @@ serverTest("GET /health answers 200 without a key", async () => {
   assert.equal((await res.json()).status, "ok");
 });
 
+serverTest(
+  "JSON answers and errors carry a content-length (sent whole, not chunked)",
+  async () => {
+    for (const res of [await fetch(`${url}/health`), await fetch(`${url}/v2/nothing`)]) {
+      const text = await res.text();
+      assert.equal(res.headers.get("content-length"), String(new TextEncoder().encode(text).length));
+      assert.equal(res.headers.get("transfer-encoding"), null);
+    }
+  },
+);
+
 serverTest("unknown path is 404 with an OpenAI error body", async () => {
   const res = await fetch(`${url}/v2/nothing`, { headers: { authorization: `Bearer ${KEY}` } });
   assertApiError({ status: res.status, body: await res.json() }, 404, { code: "unknown_url" });
