@@ -57,6 +57,8 @@ export class ConnectionWatch {
   readonly #libc: Libc;
   readonly #addr = new Uint8Array(128);
   readonly #len = new Uint32Array(1);
+  /** {@link #len} as the `socklen_t *` argument. */
+  readonly #lenArg = new Uint8Array(this.#len.buffer);
   readonly #info = new Uint8Array(256);
   readonly #tracked = new Set<Tracked>();
   /** Connection key → when it last had no request in a handler (or was first seen). */
@@ -168,7 +170,7 @@ export class ConnectionWatch {
       if (!remote) continue; // the listener (no peer)
       this.#len[0] = this.#info.length;
       if (
-        this.#libc.getsockopt(fd, IPPROTO_TCP, TCP_INFO, this.#info, new Uint8Array(this.#len.buffer)) !== 0
+        this.#libc.getsockopt(fd, IPPROTO_TCP, TCP_INFO, this.#info, this.#lenArg) !== 0
       ) {
         continue;
       }
@@ -180,7 +182,7 @@ export class ConnectionWatch {
   /** The local or peer address of socket `fd`, or undefined (not a connected IP socket). */
   #address(fd: number, which: "getsockname" | "getpeername"): { host: string; port: number } | undefined {
     this.#len[0] = this.#addr.length;
-    if (this.#libc[which](fd, this.#addr, new Uint8Array(this.#len.buffer)) !== 0) return undefined;
+    if (this.#libc[which](fd, this.#addr, this.#lenArg) !== 0) return undefined;
     const view = new DataView(this.#addr.buffer);
     const family = view.getUint16(0, true);
     const port = view.getUint16(2, false);

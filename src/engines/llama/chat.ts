@@ -142,10 +142,10 @@ export class LlamaChatEngine implements ChatEngine {
         kvUnified: false,
       });
       const batch = new Batch(lib, CHUNK + parallel);
+      // One sequence has nothing to batch with.
       let batching = "batched";
-      if (parallel < 2) batching = "batched";
-      else if (opts.batchSequences === "off") batching = "per sequence";
-      else if (model.recurrent) {
+      if (parallel >= 2 && opts.batchSequences === "off") batching = "per sequence";
+      else if (parallel >= 2 && model.recurrent) {
         const difference = await checkBatching(model, ctx, batch);
         batching = difference === 0 ? "batched (checked)" : "per sequence";
         if (difference > 0) {
