@@ -2,8 +2,9 @@
  * Token sampling in JavaScript over the logits llama.cpp returns: logit bias, penalties, an
  * optional grammar mask, then greedy or temperature sampling with top-k, min-p and top-p, and
  * log-probabilities when asked. One instance per generated sequence (it holds the seeded RNG and
- * the penalty counts).
+ * the penalty counts). The passes over the whole vocabulary run as SIMD kernels (logit_scan.ts).
  */
+import { ABOVE_CAPACITY, LogitBuffer } from "./logit_scan.ts";
 
 /** Sampling settings of one sequence. */
 export interface SamplingParams {
@@ -72,12 +73,13 @@ export class TokenSampler {
   readonly #random: () => number;
   readonly #counts = new Map<number, number>();
   readonly #recent: number[] = [];
-  #scratch: Float32Array;
+  #scratch: LogitBuffer;
+  readonly #above = (t: number, limit: number) => this.#scratch.above(t, limit);
 
   constructor(params: SamplingParams, nVocab: number) {
     this.#params = params;
     this.#random = seededRandom(params.seed);
-    this.#scratch = new Float32Array(nVocab);
+    this.#scratch = new LogitBuffer(nVocab);
   }
 
   /**
@@ -104,7 +106,7 @@ export class TokenSampler {
     // Log-probabilities of the distribution the token was drawn from at temperature 1 (after bias,
     // penalties and, when it applied, the grammar), as OpenAI reports them.
     if (filter && !masked) await filter.mask(x);
-    return { token, logprob: logprobsOf(x, token, logprobs) };
+    return { token, logprob: logprobsOf(x, token, logprobs, this.#scratch) };
   }
 
   /** Records a generated token (penalties). */
@@ -118,7 +120,7 @@ export class TokenSampler {
 
   /** A copy with the same state and a different seed (for n > 1 choices). */
   fork(seed: number): TokenSampler {
-    const s = new TokenSampler({ ...this.#params, seed }, this.#scratch.length);
+    const s = new TokenSampler({ ...this.#params, seed }, this.#scratch.values.length);
     for (const [t, c] of this.#counts) s.#counts.set(t, c);
     s.#recent.push(...this.#recent);
     return s;
@@ -126,8 +128,8 @@ export class TokenSampler {
 
   /** The logits with bias and penalties applied, in a reused buffer. */
   #adjusted(logits: Float32Array): Float32Array {
-    if (this.#scratch.length !== logits.length) this.#scratch = new Float32Array(logits.length);
-    const x = this.#scratch;
+    if (this.#scratch.values.length !== logits.length) this.#scratch = new LogitBuffer(logits.length);
+    const x = this.#scratch.values;
     x.set(logits);
     const p = this.#params;
     for (const [t, bias] of p.logitBias) if (t < x.length) x[t] += bias;
@@ -142,19 +144,22 @@ export class TokenSampler {
     return x;
   }
 
+  /** Draws from `x`, which is the scratch buffer's values. */
   #pick(x: Float32Array): number {
     const p = this.#params;
-    if (p.temperature <= 0) return argmax(x);
-    if (p.topK > 0) return this.#pickAmong(x, topTokens(x, p.topK));
+    if (p.temperature > 0 && p.topK > 0) return this.#pickAmong(x, topTokens(x, p.topK, this.#above));
+    const best = this.#scratch.max();
+    if (best === -Infinity) return argmax(x);
+    if (p.temperature <= 0) return this.#scratch.above(best, ABOVE_CAPACITY)?.[0] ?? argmax(x);
+    const inv = 1 / p.temperature;
+    const floor = best - CUTOFF * p.temperature;
+    // Usually few logits lie within the cutoff: only they get weights (in index order, as below).
+    const near = this.#scratch.above(floor, ABOVE_CAPACITY);
+    if (near) return this.#pickAmong(x, Array.from(near), best);
     // The whole vocabulary: weights in a reused buffer, no index arrays.
     const w = this.#weights.length === x.length
       ? this.#weights
       : (this.#weights = new Float32Array(x.length));
-    let best = -Infinity;
-    for (let i = 0; i < x.length; i++) if (x[i] > best) best = x[i];
-    if (best === -Infinity) return argmax(x);
-    const inv = 1 / p.temperature;
-    const floor = best - CUTOFF * p.temperature;
     let sum = 0;
     for (let i = 0; i < x.length; i++) {
       const v = x[i];
@@ -175,15 +180,18 @@ export class TokenSampler {
     return last >= 0 ? last : argmax(x);
   }
 
-  /** Temperature sampling among a few candidates (top-k), with min-p and top-p. */
-  #pickAmong(x: Float32Array, candidates: number[]): number {
+  /**
+   * Temperature sampling among candidates (top-k, best first; or every token within the cutoff, in
+   * index order, with the `best` logit), with min-p and top-p.
+   */
+  #pickAmong(x: Float32Array, candidates: number[], best = x[candidates[0]]): number {
     const p = this.#params;
     const w = new Float32Array(candidates.length);
-    const best = x[candidates[0]];
     if (best === -Infinity) return candidates[0];
+    const inv = 1 / p.temperature;
     let sum = 0;
     candidates.forEach((t, i) => {
-      w[i] = Math.exp((x[t] - best) / p.temperature);
+      w[i] = Math.exp((x[t] - best) * inv);
       sum += w[i];
     });
     if (p.minP > 0) sum = keepAtLeast(w, p.minP, sum);
@@ -213,12 +221,15 @@ function keepAtLeast(w: Float32Array, minP: number, sum: number): number {
 
 /** top-p: keeps the largest weights that reach `topP` of the mass (ties kept); returns the new sum. */
 function keepTopMass(w: Float32Array, topP: number, sum: number): number {
-  const sorted = w.filter((v) => v > 0).sort().reverse();
+  const positive = new Float32Array(w.length);
+  let n = 0;
+  for (let i = 0; i < w.length; i++) if (w[i] > 0) positive[n++] = w[i];
+  const ascending = positive.subarray(0, n).sort();
   let kept = 0;
   let cut = 0;
-  for (const v of sorted) {
-    kept += v;
-    cut = v;
+  for (let i = n - 1; i >= 0; i--) {
+    kept += ascending[i];
+    cut = ascending[i];
     if (kept >= topP * sum) break;
   }
   let total = 0;
@@ -251,7 +262,11 @@ const PROBE_STRIDE = 31;
  * sorted (a heap over every entry costs twice as much per token). Exact: when the estimate keeps
  * fewer than `k` (or too many), the heap does the work.
  */
-export function topTokens(x: Float32Array, k: number): number[] {
+export function topTokens(
+  x: Float32Array,
+  k: number,
+  above: (t: number, limit: number) => ArrayLike<number> | undefined = (t, limit) => aboveJs(x, t, limit),
+): number[] {
   k = Math.min(k, x.length);
   if (k > 0 && x.length >= 4096 && k * PROBE_STRIDE * 8 < x.length) {
     // About 4k entries of the whole lie above the sample's (4k / stride)-th largest value: the
@@ -270,17 +285,47 @@ export function topTokens(x: Float32Array, k: number): number[] {
     }
     const threshold = best[m - 1];
     if (threshold > -Infinity) {
-      const limit = 64 * k;
-      const found: number[] = [];
-      for (let i = 0; i < x.length; i++) {
-        if (x[i] >= threshold && found.push(i) > limit) break;
-      }
-      if (found.length >= k && found.length <= limit) {
-        return found.sort((a, b) => x[b] - x[a] || a - b).slice(0, k).filter((i) => x[i] > -Infinity);
-      }
+      const found = above(threshold, 64 * k);
+      if (found && found.length >= k) return bestOf(x, found, k);
     }
   }
   return topTokensByHeap(x, k);
+}
+
+/**
+ * The `k` of `found` (indexes of `x`, ascending) with the largest values, best first, ties by index:
+ * insertion into a sorted array of k, which allocates nothing per candidate (a sort comparator
+ * returning `x[b] - x[a]` boxes a number per comparison: 25 KB of garbage a token).
+ */
+function bestOf(x: Float32Array, found: ArrayLike<number>, k: number): number[] {
+  const values = new Float64Array(k);
+  const indexes = new Int32Array(k);
+  let n = 0;
+  for (let f = 0; f < found.length; f++) {
+    const i = found[f];
+    const v = x[i];
+    if (n === k && !(v > values[k - 1])) continue; // an equal value already kept has a lower index
+    let j = n < k ? n++ : k - 1;
+    while (j > 0 && values[j - 1] < v) {
+      values[j] = values[j - 1];
+      indexes[j] = indexes[j - 1];
+      j--;
+    }
+    values[j] = v;
+    indexes[j] = i;
+  }
+  const out: number[] = [];
+  for (let j = 0; j < n; j++) if (values[j] > -Infinity) out.push(indexes[j]);
+  return out;
+}
+
+/** The indexes with `x[i] >= t`, ascending; undefined when more than `limit`. */
+function aboveJs(x: Float32Array, t: number, limit: number): number[] | undefined {
+  const found: number[] = [];
+  for (let i = 0; i < x.length; i++) {
+    if (x[i] >= t && found.push(i) > limit) return undefined;
+  }
+  return found;
 }
 
 /** {@link topTokens} with a heap over every entry. */
@@ -315,10 +360,11 @@ function topTokensByHeap(x: Float32Array, k: number): number[] {
   return out.sort((a, b) => x[b] - x[a] || a - b);
 }
 
-/** Log-softmax of `x` at `token`, with the `k` most likely tokens. */
-export function logprobsOf(x: Float32Array, token: number, k: number): TokenLogprob {
+/** Log-softmax of `x` at `token`, with the `k` most likely tokens (`buffer`: `x`'s, for its passes). */
+export function logprobsOf(x: Float32Array, token: number, k: number, buffer?: LogitBuffer): TokenLogprob {
   let best = -Infinity;
-  for (let i = 0; i < x.length; i++) if (x[i] > best) best = x[i];
+  if (buffer?.values === x) best = buffer.max();
+  else for (let i = 0; i < x.length; i++) if (x[i] > best) best = x[i];
   let sum = 0;
   for (let i = 0; i < x.length; i++) sum += Math.exp(x[i] - best);
   const logZ = best + Math.log(sum);
@@ -326,6 +372,9 @@ export function logprobsOf(x: Float32Array, token: number, k: number): TokenLogp
   return {
     token,
     logprob: lp(token),
-    top: k > 0 ? topTokens(x, k).map((t) => ({ token: t, logprob: lp(t) })) : [],
+    top: k > 0
+      ? topTokens(x, k, buffer?.values === x ? (t, l) => buffer.above(t, l) : undefined)
+        .map((t) => ({ token: t, logprob: lp(t) }))
+      : [],
   };
 }

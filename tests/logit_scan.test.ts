@@ -1,0 +1,135 @@
+// The sampler's SIMD kernels: their answers equal plain JavaScript's on every shape of logits, and the
+// embedded module is the one its text source builds.
+import assert from "node:assert/strict";
+import { ABOVE_CAPACITY, f32AtLeast, LogitBuffer } from "../src/engines/llama/logit_scan.ts";
+import { type SamplingParams, seededRandom, TokenSampler, topTokens } from "../src/engines/llama/sampler.ts";
+import { compileWat, embeddedModule, generatedPath, watFiles } from "../scripts/wasm.ts";
+
+const ROOT = new URL("..", import.meta.url).pathname;
+
+let seed = 11;
+const random = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32);
+
+/** Logit shapes, each at lengths that do and do not fill the kernels' 16-value rounds. */
+const SHAPES: Record<string, (i: number, n: number) => number> = {
+  spread: () => (random() - 0.5) * 40,
+  ties: () => Math.round((random() - 0.5) * 6),
+  masked: (i) => (i % 97 === 0 ? random() * 5 : -Infinity),
+  allMasked: () => -Infinity,
+  nan: (i) => (i % 13 === 0 ? NaN : random() * 3),
+  ascending: (i, n) => i / n,
+  descending: (i, n) => -i / n,
+  peak: (i, n) => (i === n - 1 ? 50 : random()),
+};
+
+function fill(shape: string, n: number): LogitBuffer {
+  const buf = new LogitBuffer(n);
+  for (let i = 0; i < n; i++) buf.values[i] = SHAPES[shape](i, n);
+  return buf;
+}
+
+Deno.test("logit scan: max and above agree with JavaScript on every shape and length", () => {
+  for (const n of [1, 15, 16, 17, 1000, 151_669]) {
+    for (const shape of Object.keys(SHAPES)) {
+      const buf = fill(shape, n);
+      assert.ok(buf.simd, "the WebAssembly kernels load");
+      const x = buf.values;
+      let max = -Infinity;
+      for (const v of x) if (v > max) max = v;
+      assert.equal(buf.max(), max, `${shape} ${n}: max`);
+      for (const t of [max, max - 0.5, max - 3, 0.1, -Infinity]) {
+        const expected = [...x.keys()].filter((i) => x[i] >= t);
+        const got = buf.above(t, ABOVE_CAPACITY);
+        if (expected.length > ABOVE_CAPACITY) assert.equal(got, undefined, `${shape} ${n} ${t}: too many`);
+        else assert.deepEqual([...got!], expected, `${shape} ${n} ${t}`);
+        if (expected.length > 3) assert.equal(buf.above(t, 3), undefined, `${shape} ${n} ${t}: limit`);
+      }
+    }
+  }
+});
+
+Deno.test("logit scan: a double threshold is compared exactly (float32 rounding never admits a value)", () => {
+  for (const t of [0.1, -0.1, 1 / 3, -1 / 3, 1e-45, -1e-45, 0, 3.4e38, 16_777_217]) {
+    const r = f32AtLeast(t);
+    assert.ok(r >= t, `${t}`);
+    assert.equal(Math.fround(r), r);
+    // No float32 lies in [t, r): the one just below r is below t.
+    const f = new Float32Array([r]);
+    const bits = new Int32Array(f.buffer);
+    if (r > 0) bits[0] -= 1;
+    else if (r < 0) bits[0] += 1;
+    else f[0] = -1e-45;
+    assert.ok(f[0] < t, `${t}: ${f[0]} < ${t}`);
+  }
+  const buf = new LogitBuffer(3);
+  buf.values.set([0.1, 0.2, 0.3]); // 0.1 as float32 is 0.10000000149…, above the double 0.1
+  assert.deepEqual([...buf.above(0.1, 10)!], [0, 1, 2]);
+  assert.deepEqual([...buf.above(0.10000000149011613, 10)!], [1, 2]);
+});
+
+Deno.test("logit scan: top-k through the kernels equals the sorted vocabulary", () => {
+  for (const shape of Object.keys(SHAPES).filter((s) => s !== "nan")) {
+    const buf = fill(shape, 151_669);
+    const x = buf.values;
+    const expected = [...x.keys()].sort((a, b) => x[b] - x[a] || a - b).slice(0, 40)
+      .filter((i) => x[i] > -Infinity);
+    assert.deepEqual(topTokens(x, 40, (t, l) => buf.above(t, l)), expected, shape);
+  }
+});
+
+const params = (over: Partial<SamplingParams>): SamplingParams => ({
+  temperature: 1,
+  topK: 0,
+  topP: 1,
+  minP: 0,
+  seed: 3,
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+  repeatPenalty: 1,
+  logitBias: new Map(),
+  ...over,
+});
+
+/** Sampling over the whole vocabulary written out: weights of every logit within e^-30, in index order. */
+function reference(x: Float32Array, temperature: number, seedValue: number, draws: number): number[] {
+  const next = seededRandom(seedValue);
+  let best = -Infinity;
+  for (const v of x) if (v > best) best = v;
+  const inv = 1 / temperature;
+  const w = Array.from(x, (v) => (v >= best - 30 * temperature ? Math.exp((v - best) * inv) : 0));
+  const sum = w.reduce((s, v) => s + v, 0);
+  return Array.from({ length: draws }, () => {
+    let r = next() * sum;
+    for (let i = 0; i < w.length; i++) {
+      if (w[i] === 0) continue;
+      r -= w[i];
+      if (r <= 0) return i;
+    }
+    return w.findLastIndex((v) => v > 0);
+  });
+}
+
+Deno.test("sampler: temperature sampling over the whole vocabulary draws what the written-out rule draws", async () => {
+  // Few logits near the best (the kernels' candidates) and a flat vocabulary (every logit a candidate:
+  // more than the kernels return, so the full pass runs).
+  const peaked = Float32Array.from({ length: 151_669 }, (_, i) => (i % 1000 === 0 ? 20 + (i % 7) : random()));
+  const flat = Float32Array.from({ length: 151_669 }, () => random() * 0.01);
+  for (const [name, x] of [["peaked", peaked], ["flat", flat]] as const) {
+    for (const temperature of [0.7, 1]) {
+      const s = new TokenSampler(params({ temperature, seed: 5 }), x.length);
+      const got: number[] = [];
+      for (let i = 0; i < 30; i++) got.push((await s.sample(x)).token);
+      assert.deepEqual(got, reference(x, temperature, 5, 30), `${name} ${temperature}`);
+    }
+  }
+});
+
+Deno.test("logit scan: the embedded WebAssembly is what its .wat source builds (deno task wasm)", async () => {
+  const wats = watFiles(`${ROOT}src`);
+  assert.ok(wats.length > 0);
+  for (const wat of wats) {
+    const name = wat.split("/").pop()!;
+    const expected = embeddedModule(name, await compileWat(name, await Deno.readTextFile(wat)));
+    assert.equal(await Deno.readTextFile(generatedPath(wat)), expected, `${name}: run deno task wasm`);
+  }
+});
