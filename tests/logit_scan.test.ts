@@ -67,6 +67,50 @@ Deno.test("logit scan: a double threshold is compared exactly (float32 rounding 
   assert.deepEqual([...buf.above(0.10000000149011613, 10)!], [1, 2]);
 });
 
+Deno.test("logit scan: weights are exp within float32 rounding; pick walks them as JavaScript does", () => {
+  for (const n of [1, 3, 4, 5, 1000, 151_669]) {
+    for (const shape of ["spread", "ties", "masked", "nan", "peak"]) {
+      const buf = fill(shape, n);
+      const x = buf.values;
+      const w = buf.weightValues;
+      const best = buf.max();
+      if (best === -Infinity) continue;
+      for (const temperature of [0.3, 1, 2]) {
+        const inv = 1 / temperature;
+        const floor = best - 30 * temperature;
+        const sum = buf.weights(best, inv, floor);
+        let exact = 0;
+        for (let i = 0; i < n; i++) {
+          const y = (x[i] - best) * inv;
+          const e = x[i] >= floor ? Math.exp(y) : 0;
+          exact += e;
+          if (e === 0) assert.equal(w[i], 0, `${shape} ${n} ${i}`);
+          // float32 arithmetic: y itself carries a rounding error of about |y| × 6e-8
+          else {assert.ok(
+              Math.abs(w[i] - e) <= 3e-7 * (1 + Math.abs(y)) * e,
+              `${shape} ${n} ${i}: ${w[i]} ${e}`,
+            );}
+        }
+        assert.ok(Math.abs(sum - exact) <= 1e-6 * exact, `${shape} ${n}: sum ${sum} ${exact}`);
+        for (const u of [0, 1e-9, 0.3, 0.5, 0.999999, 1, 1.5]) {
+          let r = u * sum;
+          let expected = -1;
+          for (let i = 0; i < n; i++) {
+            if (w[i] === 0) continue;
+            expected = i;
+            r -= w[i];
+            if (r <= 0) break;
+          }
+          assert.equal(buf.pick(u * sum), expected, `${shape} ${n} pick ${u}`);
+        }
+      }
+    }
+  }
+  const empty = new LogitBuffer(4);
+  empty.weightValues.fill(0);
+  assert.equal(empty.pick(0.5), -1);
+});
+
 Deno.test("logit scan: top-k through the kernels equals the sorted vocabulary", () => {
   for (const shape of Object.keys(SHAPES).filter((s) => s !== "nan")) {
     const buf = fill(shape, 151_669);
@@ -90,14 +134,36 @@ const params = (over: Partial<SamplingParams>): SamplingParams => ({
   ...over,
 });
 
-/** Sampling over the whole vocabulary written out: weights of every logit within e^-30, in index order. */
-function reference(x: Float32Array, temperature: number, seedValue: number, draws: number): number[] {
+/**
+ * Sampling over the whole vocabulary written out: weights of every logit within e^-30 of the best, in
+ * index order; min-p drops weights under minP (the best weighs 1); top-p keeps the largest weights that
+ * reach topP of the mass, found by sorting all of them.
+ */
+function reference(
+  x: Float32Array,
+  { temperature, topP = 1, minP = 0 }: { temperature: number; topP?: number; minP?: number },
+  seedValue: number,
+  draws: number,
+): number[] {
   const next = seededRandom(seedValue);
   let best = -Infinity;
   for (const v of x) if (v > best) best = v;
   const inv = 1 / temperature;
-  const w = Array.from(x, (v) => (v >= best - 30 * temperature ? Math.exp((v - best) * inv) : 0));
-  const sum = w.reduce((s, v) => s + v, 0);
+  let w = Array.from(x, (v) => (v >= best - 30 * temperature ? Math.exp((v - best) * inv) : 0));
+  w = w.map((v) => (v < minP ? 0 : v));
+  let sum = w.reduce((s, v) => s + v, 0);
+  if (topP < 1) {
+    const sorted = w.filter((v) => v > 0).sort((a, b) => b - a);
+    let kept = 0;
+    let cut = 0;
+    for (const v of sorted) {
+      kept += v;
+      cut = v;
+      if (kept >= topP * sum) break;
+    }
+    w = w.map((v) => (v < cut ? 0 : v));
+    sum = w.reduce((s, v) => s + v, 0);
+  }
   return Array.from({ length: draws }, () => {
     let r = next() * sum;
     for (let i = 0; i < w.length; i++) {
@@ -109,17 +175,25 @@ function reference(x: Float32Array, temperature: number, seedValue: number, draw
   });
 }
 
-Deno.test("sampler: temperature sampling over the whole vocabulary draws what the written-out rule draws", async () => {
+Deno.test("sampler: sampling over the whole vocabulary (temperature, min-p, top-p) draws what the written-out rule draws", async () => {
   // Few logits near the best (the kernels' candidates) and a flat vocabulary (every logit a candidate:
   // more than the kernels return, so the full pass runs).
   const peaked = Float32Array.from({ length: 151_669 }, (_, i) => (i % 1000 === 0 ? 20 + (i % 7) : random()));
   const flat = Float32Array.from({ length: 151_669 }, () => random() * 0.01);
-  for (const [name, x] of [["peaked", peaked], ["flat", flat]] as const) {
-    for (const temperature of [0.7, 1]) {
-      const s = new TokenSampler(params({ temperature, seed: 5 }), x.length);
+  const spread = Float32Array.from({ length: 151_669 }, () => (random() - 0.5) * 16);
+  const cases = [
+    { temperature: 0.7 },
+    { temperature: 1 },
+    { temperature: 1, topP: 0.9 },
+    { temperature: 0.8, topP: 0.5, minP: 0.05 },
+    { temperature: 1, topP: 0.999 },
+  ];
+  for (const [name, x] of [["peaked", peaked], ["flat", flat], ["spread", spread]] as const) {
+    for (const c of cases) {
+      const s = new TokenSampler(params({ ...c, seed: 5 }), x.length);
       const got: number[] = [];
       for (let i = 0; i < 30; i++) got.push((await s.sample(x)).token);
-      assert.deepEqual(got, reference(x, temperature, 5, 30), `${name} ${temperature}`);
+      assert.deepEqual(got, reference(x, c, 5, 30), `${name} ${JSON.stringify(c)}`);
     }
   }
 });

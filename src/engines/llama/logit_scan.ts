@@ -13,6 +13,8 @@ interface Kernels {
   memory: WebAssembly.Memory;
   above(p: number, n: number, t: number, out: number, max: number): number;
   max(p: number, n: number): number;
+  weights(p: number, n: number, best: number, inv: number, floor: number, out: number): number;
+  pick(w: number, n: number, r: number): number;
 }
 
 /** Most indexes one {@link LogitBuffer.above} call can return. */
@@ -68,9 +70,12 @@ export function f32AtLeast(t: number): number {
  */
 export class LogitBuffer {
   readonly values: Float32Array;
+  /** Sampling weights, as {@link weights} leaves them (min-p and top-p may zero some). */
+  readonly weightValues: Float32Array;
   readonly #kernels: Kernels | undefined;
   readonly #out: Int32Array;
   readonly #outOffset: number;
+  readonly #weightsOffset: number;
 
   constructor(size: number) {
     const module = kernelModule();
@@ -82,18 +87,21 @@ export class LogitBuffer {
         kernels = undefined;
       }
     }
-    // The logits at 0, then the output indexes (16-byte aligned).
+    // The logits at 0, then the output indexes, then the weights (each 16-byte aligned).
     this.#outOffset = Math.ceil((size * 4) / 16) * 16;
+    this.#weightsOffset = this.#outOffset + ABOVE_CAPACITY * 4;
     if (kernels) {
-      const pages = Math.ceil((this.#outOffset + ABOVE_CAPACITY * 4) / PAGE);
+      const pages = Math.ceil((this.#weightsOffset + size * 4) / PAGE);
       const have = kernels.memory.buffer.byteLength / PAGE;
       if (pages > have) kernels.memory.grow(pages - have);
       // The memory never grows again, so these views stay attached.
       this.values = new Float32Array(kernels.memory.buffer, 0, size);
       this.#out = new Int32Array(kernels.memory.buffer, this.#outOffset, ABOVE_CAPACITY);
+      this.weightValues = new Float32Array(kernels.memory.buffer, this.#weightsOffset, size);
     } else {
       this.values = new Float32Array(size);
       this.#out = new Int32Array(ABOVE_CAPACITY);
+      this.weightValues = new Float32Array(size);
     }
     this.#kernels = kernels;
   }
@@ -108,11 +116,57 @@ export class LogitBuffer {
    * (at most {@link ABOVE_CAPACITY}). The array is a view that the next call overwrites.
    */
   above(t: number, limit: number): Int32Array | undefined {
+    return this.#above(0, this.values, t, limit);
+  }
+
+  /** {@link above} over {@link weightValues}. */
+  weightsAbove(t: number, limit: number): Int32Array | undefined {
+    return this.#above(this.#weightsOffset, this.weightValues, t, limit);
+  }
+
+  #above(offset: number, x: Float32Array, t: number, limit: number): Int32Array | undefined {
     limit = Math.min(limit, ABOVE_CAPACITY);
     const n = this.#kernels
-      ? this.#kernels.above(0, this.values.length, f32AtLeast(t), this.#outOffset, limit)
-      : aboveJs(this.values, t, this.#out, limit);
+      ? this.#kernels.above(offset, x.length, f32AtLeast(t), this.#outOffset, limit)
+      : aboveJs(x, t, this.#out, limit);
     return n < 0 ? undefined : this.#out.subarray(0, n);
+  }
+
+  /**
+   * Fills {@link weightValues}: `exp((values[i] - best) * inv)` where `values[i] >= floor`, else 0,
+   * and returns their sum. `best` must be the largest value and `floor` at most 87 / `inv` below it
+   * (the SIMD exp covers exponents down to -87, with a relative error under 2e-7).
+   */
+  weights(best: number, inv: number, floor: number): number {
+    const n = this.values.length;
+    if (this.#kernels) {
+      return this.#kernels.weights(0, n, best, inv, f32AtLeast(floor), this.#weightsOffset);
+    }
+    const x = this.values;
+    const w = this.weightValues;
+    let sum = 0;
+    for (let i = 0; i < n; i++) {
+      w[i] = x[i] >= floor ? Math.exp((x[i] - best) * inv) : 0;
+      sum += w[i];
+    }
+    return sum;
+  }
+
+  /**
+   * Draws from {@link weightValues} with `r` in [0, their sum): the first index whose running sum
+   * reaches `r` (the last nonzero one if rounding leaves some over; -1 when all are 0).
+   */
+  pick(r: number): number {
+    const w = this.weightValues;
+    if (this.#kernels) return this.#kernels.pick(this.#weightsOffset, w.length, r);
+    let last = -1;
+    for (let i = 0; i < w.length; i++) {
+      if (w[i] === 0) continue;
+      last = i;
+      r -= w[i];
+      if (r <= 0) return i;
+    }
+    return last;
   }
 
   /** The largest value (NaN ignored; -Infinity when there is none). */

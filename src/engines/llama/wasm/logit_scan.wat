@@ -87,4 +87,99 @@
         (if (f32.gt (local.get $v) (local.get $best)) (then (local.set $best (local.get $v))))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $tail)))
-    (local.get $best)))
+    (local.get $best))
+
+  ;; weights(p, n, best, inv, floor, out): out[i] = exp((x[i] - best) * inv) where x[i] >= floor, else
+  ;; 0 (NaN: 0); returns the sum of out (accumulated in f64). With x[i] <= best and a floor no more
+  ;; than 87 / inv below best, the exponent lies in [-87, 0]: exp is 2^k * e^r, r in [-ln2/2, ln2/2],
+  ;; e^r a degree-6 polynomial (relative error under 2e-7, about float32's own rounding).
+  (func (export "weights")
+    (param $p i32) (param $n i32) (param $best f32) (param $inv f32) (param $floor f32) (param $out i32)
+    (result f64)
+    (local $i i32) (local $end i32) (local $a i32) (local $o i32)
+    (local $v v128) (local $y v128) (local $k v128) (local $r v128) (local $e v128) (local $w v128)
+    (local $s0 v128) (local $s1 v128) (local $sum f64) (local $x f32) (local $one f32)
+    (local.set $end (i32.and (local.get $n) (i32.const -4)))
+    (block $done
+      (loop $round
+        (br_if $done (i32.ge_u (local.get $i) (local.get $end)))
+        (local.set $a (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $o (i32.add (local.get $out) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $v (v128.load (local.get $a)))
+        ;; y = max((v - best) * inv, -87)
+        (local.set $y (f32x4.pmax (f32x4.splat (f32.const -87))
+          (f32x4.mul (f32x4.sub (local.get $v) (f32x4.splat (local.get $best))) (f32x4.splat (local.get $inv)))))
+        ;; k = nearest(y / ln2); r = y - k ln2 (ln2 split in two for precision)
+        (local.set $k (f32x4.nearest (f32x4.mul (local.get $y) (f32x4.splat (f32.const 1.44269504)))))
+        (local.set $r (f32x4.sub
+          (f32x4.sub (local.get $y) (f32x4.mul (local.get $k) (f32x4.splat (f32.const 0.693145752))))
+          (f32x4.mul (local.get $k) (f32x4.splat (f32.const 1.42860677e-6)))))
+        ;; e^r, Horner: 1 + r(1 + r(1/2 + r(1/6 + r(1/24 + r(1/120 + r/720)))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 0.00833333377))
+          (f32x4.mul (local.get $r) (f32x4.splat (f32.const 0.00138888892)))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 0.0416666679)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 0.166666672)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 0.5)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 1)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 1)) (f32x4.mul (local.get $r) (local.get $e))))
+        ;; times 2^k: k + 127 in the exponent bits
+        (local.set $e (f32x4.mul (local.get $e)
+          (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $k)) (i32x4.splat (i32.const 127)))
+                     (i32.const 23))))
+        (local.set $w (v128.and (local.get $e) (f32x4.ge (local.get $v) (f32x4.splat (local.get $floor)))))
+        (v128.store (local.get $o) (local.get $w))
+        (local.set $s0 (f64x2.add (local.get $s0) (f64x2.promote_low_f32x4 (local.get $w))))
+        (local.set $s1 (f64x2.add (local.get $s1) (f64x2.promote_low_f32x4
+          (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $w) (local.get $w)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $round)))
+    (local.set $s0 (f64x2.add (local.get $s0) (local.get $s1)))
+    (local.set $sum (f64.add (f64x2.extract_lane 0 (local.get $s0)) (f64x2.extract_lane 1 (local.get $s0))))
+    ;; The last n % 4 values, one lane at a time through the same code.
+    (block $tail_done
+      (loop $tail
+        (br_if $tail_done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $x (f32.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
+        (local.set $v (f32x4.splat (local.get $x)))
+        (local.set $y (f32x4.pmax (f32x4.splat (f32.const -87))
+          (f32x4.mul (f32x4.sub (local.get $v) (f32x4.splat (local.get $best))) (f32x4.splat (local.get $inv)))))
+        (local.set $k (f32x4.nearest (f32x4.mul (local.get $y) (f32x4.splat (f32.const 1.44269504)))))
+        (local.set $r (f32x4.sub
+          (f32x4.sub (local.get $y) (f32x4.mul (local.get $k) (f32x4.splat (f32.const 0.693145752))))
+          (f32x4.mul (local.get $k) (f32x4.splat (f32.const 1.42860677e-6)))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 0.00833333377))
+          (f32x4.mul (local.get $r) (f32x4.splat (f32.const 0.00138888892)))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 0.0416666679)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 0.166666672)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 0.5)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 1)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.add (f32x4.splat (f32.const 1)) (f32x4.mul (local.get $r) (local.get $e))))
+        (local.set $e (f32x4.mul (local.get $e)
+          (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $k)) (i32x4.splat (i32.const 127)))
+                     (i32.const 23))))
+        (local.set $w (v128.and (local.get $e) (f32x4.ge (local.get $v) (f32x4.splat (local.get $floor)))))
+        (local.set $one (f32x4.extract_lane 0 (local.get $w)))
+        (f32.store (i32.add (local.get $out) (i32.shl (local.get $i) (i32.const 2))) (local.get $one))
+        (local.set $sum (f64.add (local.get $sum) (f64.promote_f32 (local.get $one))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $tail)))
+    (local.get $sum))
+
+  ;; pick(w, n, r): the first i (w[i] != 0) where r minus the weights so far, w[i] included, is <= 0
+  ;; (in f64, as JavaScript computes it); the last nonzero i when r is never used up; -1 when all are 0.
+  (func (export "pick") (param $w i32) (param $n i32) (param $r f64) (result i32)
+    (local $i i32) (local $last i32) (local $v f32)
+    (local.set $last (i32.const -1))
+    (block $done
+      (loop $each
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $v (f32.load (i32.add (local.get $w) (i32.shl (local.get $i) (i32.const 2)))))
+        (if (f32.ne (local.get $v) (f32.const 0))
+          (then
+            (local.set $last (local.get $i))
+            (local.set $r (f64.sub (local.get $r) (f64.promote_f32 (local.get $v))))
+            (if (f64.le (local.get $r) (f64.const 0)) (then (return (local.get $i))))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $each)))
+    (local.get $last))
+)
