@@ -49,12 +49,15 @@ export function f32AtLeast(t: number): number {
   const r = Math.fround(t);
   if (r >= t || Number.isNaN(t)) return r;
   // Rounded down: step to the next float32 up through its bit pattern.
-  const f = new Float32Array([r]);
-  const bits = new Int32Array(f.buffer);
-  if (r === 0) bits[0] = 1; // -0 and +0: the smallest positive subnormal
-  else bits[0] += r > 0 ? 1 : -1;
-  return f[0];
+  BITS_F32[0] = r;
+  if (r === 0) BITS_I32[0] = 1; // -0 and +0: the smallest positive subnormal
+  else BITS_I32[0] += r > 0 ? 1 : -1;
+  return BITS_F32[0];
 }
+
+/** One float32 and its bits, reused (a typed array per call costs an ArrayBuffer each). */
+const BITS_F32 = new Float32Array(1);
+const BITS_I32 = new Int32Array(BITS_F32.buffer);
 
 /**
  * One sequence's logits and the passes over them. `values` is where the sampler writes (and adjusts)

@@ -27,6 +27,27 @@ export interface SamplingParams {
   logitBias: ReadonlyMap<number, number>;
 }
 
+/**
+ * Working arrays of the sampling steps, reused across tokens and sequences: every step that uses one
+ * runs synchronously to its end, and a fresh typed array per token costs an ArrayBuffer (allocation,
+ * external-memory accounting and sweeping on the JavaScript thread) several times a token.
+ */
+const scratch = new class {
+  readonly #arrays = new Map<string, Float32Array | Float64Array | Int32Array>();
+  #get<T extends Float32Array | Float64Array | Int32Array>(
+    name: string,
+    n: number,
+    make: (n: number) => T,
+  ): T {
+    let a = this.#arrays.get(name) as T | undefined;
+    if (!a || a.length < n) this.#arrays.set(name, a = make(Math.max(n, 2 * (a?.length ?? 0))));
+    return a.subarray(0, n) as T;
+  }
+  f32 = (name: string, n: number) => this.#get(name, n, (m) => new Float32Array(m));
+  f64 = (name: string, n: number) => this.#get(name, n, (m) => new Float64Array(m));
+  i32 = (name: string, n: number) => this.#get(name, n, (m) => new Int32Array(m));
+}();
+
 /** Tokens the repeat penalty looks back at. */
 export const REPEAT_WINDOW = 64;
 
@@ -171,7 +192,7 @@ export class TokenSampler {
    */
   #pickAmong(x: Float32Array, candidates: number[], best = x[candidates[0]]): number {
     const p = this.#params;
-    const w = new Float32Array(candidates.length);
+    const w = scratch.f32("weights", candidates.length);
     if (best === -Infinity) return candidates[0];
     const inv = 1 / p.temperature;
     let sum = 0;
@@ -220,12 +241,12 @@ function keepTopMass(
   for (let d = 2; above && cut === undefined && d <= 16; d *= 2) {
     const found = above(Math.exp(-d), ABOVE_CAPACITY);
     if (!found) break;
-    const values = new Float32Array(found.length);
+    const values = scratch.f32("nucleus", found.length);
     for (let i = 0; i < found.length; i++) values[i] = w[found[i]];
     cut = massCut(values, topP * sum);
   }
   if (cut === undefined) {
-    const positive = new Float32Array(w.length);
+    const positive = scratch.f32("nucleus", w.length);
     let n = 0;
     for (let i = 0; i < w.length; i++) if (w[i] > 0) positive[n++] = w[i];
     cut = massCut(positive.subarray(0, n), topP * sum) ?? (n > 0 ? positive.subarray(0, n).sort()[0] : 0);
@@ -284,7 +305,7 @@ export function topTokens(
     // About 4k entries of the whole lie above the sample's (4k / stride)-th largest value: the
     // smallest of the sample's m largest, kept in a small descending array.
     const m = Math.ceil((4 * k) / PROBE_STRIDE) + 1;
-    const best = new Float32Array(m).fill(-Infinity);
+    const best = scratch.f32("probe", m).fill(-Infinity);
     for (let i = 0; i < x.length; i += PROBE_STRIDE) {
       const v = x[i];
       if (v <= best[m - 1]) continue;
@@ -310,8 +331,8 @@ export function topTokens(
  * returning `x[b] - x[a]` boxes a number per comparison: 25 KB of garbage a token).
  */
 function bestOf(x: Float32Array, found: ArrayLike<number>, k: number): number[] {
-  const values = new Float64Array(k);
-  const indexes = new Int32Array(k);
+  const values = scratch.f64("bestValues", k);
+  const indexes = scratch.i32("bestIndexes", k);
   let n = 0;
   for (let f = 0; f < found.length; f++) {
     const i = found[f];
