@@ -32,6 +32,7 @@ import {
 } from "./llama_server.ts";
 import denoJson from "../deno.json" with { type: "json" };
 import { affinityGain, type GatewayBench, gatewayOverhead } from "./gateway.ts";
+import { samplerCost } from "./sampler.ts";
 
 let opt: BenchOptions;
 try {
@@ -289,6 +290,7 @@ try {
   if (opt.scenarios.has("overhead")) await overhead();
   if (opt.scenarios.has("features")) await features();
   if (opt.scenarios.has("gateway")) await gateway();
+  if (opt.scenarios.has("sampler")) await sampler();
   await memory();
 
   const facts = {
@@ -647,6 +649,15 @@ async function gateway() {
   await gatewayOverhead(b);
   await affinityGain(b);
   log("gateway done");
+}
+
+async function sampler() {
+  log("sampler: kernels against plain JavaScript");
+  await samplerCost(
+    reps,
+    quick ? 100 : 400,
+    (metric, values) => record("sampler (in-process)", metric, "µs", "lower", { http: values }),
+  );
 }
 
 async function memory() {

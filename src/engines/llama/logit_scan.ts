@@ -80,8 +80,9 @@ export class LogitBuffer {
   readonly #outOffset: number;
   readonly #weightsOffset: number;
 
-  constructor(size: number) {
-    const module = kernelModule();
+  /** `simd: false` runs the same passes in JavaScript (what the kernels are measured against). */
+  constructor(size: number, opts: { simd?: boolean } = {}) {
+    const module = opts.simd === false ? null : kernelModule();
     let kernels: Kernels | undefined;
     if (module) {
       try {

@@ -97,10 +97,14 @@ export class TokenSampler {
   #scratch: LogitBuffer;
   readonly #above = (t: number, limit: number) => this.#scratch.above(t, limit);
 
-  constructor(params: SamplingParams, nVocab: number) {
+  readonly #simd: boolean;
+
+  /** `simd: false`: the whole-vocabulary passes in plain JavaScript (for benchmarks). */
+  constructor(params: SamplingParams, nVocab: number, opts: { simd?: boolean } = {}) {
     this.#params = params;
     this.#random = seededRandom(params.seed);
-    this.#scratch = new LogitBuffer(nVocab);
+    this.#simd = opts.simd !== false;
+    this.#scratch = new LogitBuffer(nVocab, { simd: this.#simd });
   }
 
   /**
@@ -141,7 +145,7 @@ export class TokenSampler {
 
   /** A copy with the same state and a different seed (for n > 1 choices). */
   fork(seed: number): TokenSampler {
-    const s = new TokenSampler({ ...this.#params, seed }, this.#scratch.values.length);
+    const s = new TokenSampler({ ...this.#params, seed }, this.#scratch.values.length, { simd: this.#simd });
     for (const [t, c] of this.#counts) s.#counts.set(t, c);
     s.#recent.push(...this.#recent);
     return s;
@@ -149,7 +153,9 @@ export class TokenSampler {
 
   /** The logits with bias and penalties applied, in a reused buffer. */
   #adjusted(logits: Float32Array): Float32Array {
-    if (this.#scratch.values.length !== logits.length) this.#scratch = new LogitBuffer(logits.length);
+    if (this.#scratch.values.length !== logits.length) {
+      this.#scratch = new LogitBuffer(logits.length, { simd: this.#simd });
+    }
     const x = this.#scratch.values;
     x.set(logits);
     const p = this.#params;
