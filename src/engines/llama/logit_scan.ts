@@ -176,8 +176,9 @@ export class LogitBuffer {
   /** The largest value (NaN ignored; -Infinity when there is none). */
   max(): number {
     if (this.#kernels) return this.#kernels.max(0, this.values.length);
+    const x = this.values;
     let best = -Infinity;
-    for (const v of this.values) if (v > best) best = v;
+    for (let i = 0; i < x.length; i++) if (x[i] > best) best = x[i];
     return best;
   }
 }
