@@ -92,6 +92,16 @@ Deno.test("logit scan: weights are exp within float32 rounding; pick walks them 
             );}
         }
         assert.ok(Math.abs(sum - exact) <= 1e-6 * exact, `${shape} ${n}: sum ${sum} ${exact}`);
+        for (const [lo, hi] of [[0.5, NaN], [0.01, 0.5], [0, 1e-3], [1, 2], [0.2, 0.2]]) {
+          const inRange = [...w.keys()].filter((i) => w[i] >= lo && !(w[i] >= hi));
+          const got = buf.weightsInRange(lo, hi, ABOVE_CAPACITY);
+          if (inRange.length > ABOVE_CAPACITY) assert.equal(got, undefined);
+          else assert.deepEqual([...got!], inRange, `${shape} ${n} [${lo}, ${hi})`);
+          const mass = inRange.length === 0 && Number.isNaN(hi) ? 0 : [...w].filter((v) => v >= lo)
+            .reduce((a, v) => a + v, 0);
+          const gotMass = buf.weightsMass(lo);
+          assert.ok(Math.abs(gotMass - mass) <= 1e-9 * Math.max(1, mass), `${shape} ${n} mass ≥ ${lo}`);
+        }
         for (const u of [0, 1e-9, 0.3, 0.5, 0.999999, 1, 1.5]) {
           let r = u * sum;
           let expected = -1;

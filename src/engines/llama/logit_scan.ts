@@ -11,7 +11,8 @@ import { WASM_BASE64 } from "./wasm/logit_scan_wasm.ts";
 /** The module's exports (see logit_scan.wat). */
 interface Kernels {
   memory: WebAssembly.Memory;
-  above(p: number, n: number, t: number, out: number, max: number): number;
+  range(p: number, n: number, lo: number, hi: number, out: number, max: number): number;
+  mass(p: number, n: number, t: number): number;
   max(p: number, n: number): number;
   weights(p: number, n: number, best: number, inv: number, floor: number, out: number): number;
   pick(w: number, n: number, r: number): number;
@@ -52,6 +53,24 @@ export function f32AtLeast(t: number): number {
   BITS_F32[0] = r;
   if (r === 0) BITS_I32[0] = 1; // -0 and +0: the smallest positive subnormal
   else BITS_I32[0] += r > 0 ? 1 : -1;
+  return BITS_F32[0];
+}
+
+/**
+ * The float32 halfway between two non-negative float32 values by bit pattern (which orders them), for
+ * bisection: it lies in [lo, hi], equal to lo only when no float32 lies strictly between them.
+ *
+ * @example
+ * ```ts
+ * f32Midpoint(0, 2); // about 1e-19: halfway in bit patterns, not in value
+ * ```
+ */
+export function f32Midpoint(lo: number, hi: number): number {
+  BITS_F32[0] = lo;
+  const a = BITS_I32[0];
+  BITS_F32[0] = hi;
+  const b = BITS_I32[0];
+  BITS_I32[0] = a + Math.floor((b - a) / 2);
   return BITS_F32[0];
 }
 
@@ -120,19 +139,28 @@ export class LogitBuffer {
    * (at most {@link ABOVE_CAPACITY}). The array is a view that the next call overwrites.
    */
   above(t: number, limit: number): Int32Array | undefined {
-    return this.#above(0, this.values, t, limit);
+    return this.#range(0, this.values, t, NaN, limit);
   }
 
-  /** {@link above} over {@link weightValues}. */
-  weightsAbove(t: number, limit: number): Int32Array | undefined {
-    return this.#above(this.#weightsOffset, this.weightValues, t, limit);
+  /** {@link above} over {@link weightValues}, below `hi` too (NaN: no upper bound). */
+  weightsInRange(lo: number, hi: number, limit: number): Int32Array | undefined {
+    return this.#range(this.#weightsOffset, this.weightValues, lo, hi, limit);
   }
 
-  #above(offset: number, x: Float32Array, t: number, limit: number): Int32Array | undefined {
+  /** The sum of the {@link weightValues} at or above `t`. */
+  weightsMass(t: number): number {
+    const w = this.weightValues;
+    if (this.#kernels) return this.#kernels.mass(this.#weightsOffset, w.length, f32AtLeast(t));
+    let sum = 0;
+    for (let i = 0; i < w.length; i++) if (w[i] >= t) sum += w[i];
+    return sum;
+  }
+
+  #range(offset: number, x: Float32Array, lo: number, hi: number, limit: number): Int32Array | undefined {
     limit = Math.min(limit, ABOVE_CAPACITY);
     const n = this.#kernels
-      ? this.#kernels.above(offset, x.length, f32AtLeast(t), this.#outOffset, limit)
-      : aboveJs(x, t, this.#out, limit);
+      ? this.#kernels.range(offset, x.length, f32AtLeast(lo), f32AtLeast(hi), this.#outOffset, limit)
+      : rangeJs(x, lo, hi, this.#out, limit);
     return n < 0 ? undefined : this.#out.subarray(0, n);
   }
 
@@ -183,10 +211,10 @@ export class LogitBuffer {
   }
 }
 
-function aboveJs(x: Float32Array, t: number, out: Int32Array, limit: number): number {
+function rangeJs(x: Float32Array, lo: number, hi: number, out: Int32Array, limit: number): number {
   let n = 0;
   for (let i = 0; i < x.length; i++) {
-    if (x[i] >= t) {
+    if (x[i] >= lo && !(x[i] >= hi)) {
       if (n >= limit) return -1;
       out[n++] = i;
     }

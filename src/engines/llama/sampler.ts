@@ -4,7 +4,7 @@
  * log-probabilities when asked. One instance per generated sequence (it holds the seeded RNG and
  * the penalty counts). The passes over the whole vocabulary run as SIMD kernels (logit_scan.ts).
  */
-import { ABOVE_CAPACITY, LogitBuffer } from "./logit_scan.ts";
+import { ABOVE_CAPACITY, f32Midpoint, LogitBuffer } from "./logit_scan.ts";
 
 /** Sampling settings of one sequence. */
 export interface SamplingParams {
@@ -96,6 +96,11 @@ export class TokenSampler {
   readonly #recent: number[] = [];
   #scratch: LogitBuffer;
   readonly #above = (t: number, limit: number) => this.#scratch.above(t, limit);
+  /** The weights' passes, for top-p over the whole vocabulary. */
+  readonly #nucleus: NucleusSearch = {
+    inRange: (lo, hi, limit) => this.#scratch.weightsInRange(lo, hi, limit),
+    massAtLeast: (t) => this.#scratch.weightsMass(t),
+  };
 
   readonly #simd: boolean;
 
@@ -187,7 +192,7 @@ export class TokenSampler {
     let sum = this.#scratch.weights(best, inv, floor);
     const w = this.#scratch.weightValues;
     if (p.minP > 0) sum = keepAtLeast(w, p.minP, sum);
-    if (p.topP < 1) sum = keepTopMass(w, p.topP, sum, (t, limit) => this.#scratch.weightsAbove(t, limit));
+    if (p.topP < 1) sum = keepTopMass(w, p.topP, sum, this.#nucleus);
     const token = this.#scratch.pick(this.#random() * sum);
     return token >= 0 ? token : argmax(x);
   }
@@ -229,28 +234,21 @@ function keepAtLeast(w: Float32Array, minP: number, sum: number): number {
   return sum;
 }
 
+/** Passes over the weights that find a whole vocabulary's top-p nucleus without sorting it. */
+interface NucleusSearch {
+  /** The indexes of the weights in [lo, hi) (hi NaN: no upper bound); undefined when more than `limit`. */
+  inRange(lo: number, hi: number, limit: number): ArrayLike<number> | undefined;
+  /** The sum of the weights at or above `t`. */
+  massAtLeast(t: number): number;
+}
+
 /**
  * top-p: keeps the largest weights that reach `topP` of the mass (ties kept); returns the new sum.
- * `above` (the indexes of the weights at or above a value) lets a whole vocabulary's nucleus be found
- * among a few candidates instead of by sorting every weight (10 ms a token over 151,669): the weights
- * at or above t are exactly the first ones in descending order, so when they reach the mass the cut
- * is the one the full sort gives.
+ * With `search` a whole vocabulary's nucleus is found without sorting every weight (10 ms a token over
+ * 151,669): see {@link nucleusCut}.
  */
-function keepTopMass(
-  w: Float32Array,
-  topP: number,
-  sum: number,
-  above?: (t: number, limit: number) => ArrayLike<number> | undefined,
-): number {
-  let cut: number | undefined;
-  // Weights are at most 1 (the best token's): candidates at or above e^-2, e^-4, … of it.
-  for (let d = 2; above && cut === undefined && d <= 16; d *= 2) {
-    const found = above(Math.exp(-d), ABOVE_CAPACITY);
-    if (!found) break;
-    const values = scratch.f32("nucleus", found.length);
-    for (let i = 0; i < found.length; i++) values[i] = w[found[i]];
-    cut = massCut(values, topP * sum);
-  }
+function keepTopMass(w: Float32Array, topP: number, sum: number, search?: NucleusSearch): number {
+  let cut = search ? nucleusCut(w, topP * sum, search) : undefined;
   if (cut === undefined) {
     const positive = scratch.f32("nucleus", w.length);
     let n = 0;
@@ -266,12 +264,49 @@ function keepTopMass(
 }
 
 /**
- * The smallest of the largest `values` whose sum reaches `mass` (sorting `values` in place), or
- * undefined when all of them do not reach it.
+ * The top-p cut among weights at most 1 (the best token's), or undefined (then every weight is sorted).
+ * First the weights at or above e^-2, e^-4, … of the best: they are exactly the first ones in descending
+ * order, so when they reach the mass the cut is the one a full sort gives (a peaked distribution stops
+ * here). Else a bisection on the weights' values keeps [lo, hi) around the cut (the weights at or above
+ * lo reach the mass, those at or above hi do not) until it holds few enough to sort; the weights above
+ * hi then count as one sum.
  */
-function massCut(values: Float32Array, mass: number): number | undefined {
+function nucleusCut(w: Float32Array, mass: number, search: NucleusSearch): number | undefined {
+  const sorted = (found: ArrayLike<number>) => {
+    const values = scratch.f32("nucleus", found.length);
+    for (let i = 0; i < found.length; i++) values[i] = w[found[i]];
+    return values;
+  };
+  for (let d = 2; d <= 16; d *= 2) {
+    const found = search.inRange(Math.exp(-d), NaN, ABOVE_CAPACITY);
+    if (!found) break;
+    const cut = massCut(sorted(found), mass);
+    if (cut !== undefined) return cut;
+  }
+  let lo = 0;
+  let hi = 2;
+  for (let round = 0; round < 64; round++) {
+    const found = search.inRange(lo, hi, ABOVE_CAPACITY);
+    if (found) {
+      const values = sorted(found);
+      // Rounding can leave the sum short of the mass: then every weight in the range is kept.
+      return massCut(values, mass, search.massAtLeast(hi)) ?? (values.length > 0 ? values[0] : lo);
+    }
+    const mid = f32Midpoint(lo, hi);
+    if (mid === lo || mid === hi) return undefined;
+    if (search.massAtLeast(mid) >= mass) lo = mid;
+    else hi = mid;
+  }
+  return undefined;
+}
+
+/**
+ * The smallest of the largest `values` whose sum, added to `start`, reaches `mass` (sorting `values` in
+ * place), or undefined when all of them do not reach it.
+ */
+function massCut(values: Float32Array, mass: number, start = 0): number | undefined {
   const ascending = values.sort();
-  let kept = 0;
+  let kept = start;
   for (let i = ascending.length - 1; i >= 0; i--) {
     kept += ascending[i];
     if (kept >= mass) return ascending[i];

@@ -4,12 +4,16 @@
 (module
   (memory (export "memory") 1)
 
-  ;; above(p, n, t, out, max): writes the indexes i (ascending) with x[i] >= t to out as i32 and
-  ;; returns how many, or -1 as soon as there are more than max. NaN is never >= t.
-  (func (export "above")
-    (param $p i32) (param $n i32) (param $t f32) (param $out i32) (param $max i32) (result i32)
-    (local $i i32) (local $end i32) (local $tv v128) (local $count i32) (local $j i32) (local $a i32)
-    (local.set $tv (f32x4.splat (local.get $t)))
+  ;; range(p, n, lo, hi, out, max): writes the indexes i (ascending) with x[i] >= lo and not x[i] >= hi
+  ;; to out as i32 and returns how many, or -1 as soon as there are more than max. hi NaN: no upper
+  ;; bound. NaN values are never in range.
+  (func (export "range")
+    (param $p i32) (param $n i32) (param $lo f32) (param $hi f32) (param $out i32) (param $max i32)
+    (result i32)
+    (local $i i32) (local $end i32) (local $lov v128) (local $hiv v128) (local $count i32) (local $j i32)
+    (local $a i32) (local $v f32)
+    (local.set $lov (f32x4.splat (local.get $lo)))
+    (local.set $hiv (f32x4.splat (local.get $hi)))
     (local.set $end (i32.and (local.get $n) (i32.const -16)))
     ;; 16 values a round: one test for all of them, a scalar look only where one passed.
     (block $done
@@ -18,15 +22,22 @@
         (local.set $a (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2))))
         (if (v128.any_true
               (v128.or
-                (v128.or (f32x4.ge (v128.load (local.get $a)) (local.get $tv))
-                         (f32x4.ge (v128.load offset=16 (local.get $a)) (local.get $tv)))
-                (v128.or (f32x4.ge (v128.load offset=32 (local.get $a)) (local.get $tv))
-                         (f32x4.ge (v128.load offset=48 (local.get $a)) (local.get $tv)))))
+                (v128.or
+                  (v128.andnot (f32x4.ge (v128.load (local.get $a)) (local.get $lov))
+                               (f32x4.ge (v128.load (local.get $a)) (local.get $hiv)))
+                  (v128.andnot (f32x4.ge (v128.load offset=16 (local.get $a)) (local.get $lov))
+                               (f32x4.ge (v128.load offset=16 (local.get $a)) (local.get $hiv))))
+                (v128.or
+                  (v128.andnot (f32x4.ge (v128.load offset=32 (local.get $a)) (local.get $lov))
+                               (f32x4.ge (v128.load offset=32 (local.get $a)) (local.get $hiv)))
+                  (v128.andnot (f32x4.ge (v128.load offset=48 (local.get $a)) (local.get $lov))
+                               (f32x4.ge (v128.load offset=48 (local.get $a)) (local.get $hiv))))))
           (then
             (local.set $j (i32.const 0))
             (loop $each
-              (if (f32.ge (f32.load (i32.add (local.get $a) (i32.shl (local.get $j) (i32.const 2))))
-                          (local.get $t))
+              (local.set $v (f32.load (i32.add (local.get $a) (i32.shl (local.get $j) (i32.const 2)))))
+              (if (i32.and (f32.ge (local.get $v) (local.get $lo))
+                           (i32.eqz (f32.ge (local.get $v) (local.get $hi))))
                 (then
                   (if (i32.ge_u (local.get $count) (local.get $max)) (then (return (i32.const -1))))
                   (i32.store (i32.add (local.get $out) (i32.shl (local.get $count) (i32.const 2)))
@@ -40,8 +51,8 @@
     (block $tail_done
       (loop $tail
         (br_if $tail_done (i32.ge_u (local.get $i) (local.get $n)))
-        (if (f32.ge (f32.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2))))
-                    (local.get $t))
+        (local.set $v (f32.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
+        (if (i32.and (f32.ge (local.get $v) (local.get $lo)) (i32.eqz (f32.ge (local.get $v) (local.get $hi))))
           (then
             (if (i32.ge_u (local.get $count) (local.get $max)) (then (return (i32.const -1))))
             (i32.store (i32.add (local.get $out) (i32.shl (local.get $count) (i32.const 2))) (local.get $i))
@@ -49,6 +60,34 @@
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $tail)))
     (local.get $count))
+
+  ;; mass(p, n, t): the sum (in f64) of the x[i] >= t.
+  (func (export "mass") (param $p i32) (param $n i32) (param $t f32) (result f64)
+    (local $i i32) (local $end i32) (local $tv v128) (local $w v128) (local $s0 v128) (local $s1 v128)
+    (local $sum f64) (local $v f32)
+    (local.set $tv (f32x4.splat (local.get $t)))
+    (local.set $end (i32.and (local.get $n) (i32.const -4)))
+    (block $done
+      (loop $round
+        (br_if $done (i32.ge_u (local.get $i) (local.get $end)))
+        (local.set $w (v128.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
+        (local.set $w (v128.and (local.get $w) (f32x4.ge (local.get $w) (local.get $tv))))
+        (local.set $s0 (f64x2.add (local.get $s0) (f64x2.promote_low_f32x4 (local.get $w))))
+        (local.set $s1 (f64x2.add (local.get $s1) (f64x2.promote_low_f32x4
+          (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $w) (local.get $w)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $round)))
+    (local.set $s0 (f64x2.add (local.get $s0) (local.get $s1)))
+    (local.set $sum (f64.add (f64x2.extract_lane 0 (local.get $s0)) (f64x2.extract_lane 1 (local.get $s0))))
+    (block $tail_done
+      (loop $tail
+        (br_if $tail_done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $v (f32.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
+        (if (f32.ge (local.get $v) (local.get $t))
+          (then (local.set $sum (f64.add (local.get $sum) (f64.promote_f32 (local.get $v))))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $tail)))
+    (local.get $sum))
 
   ;; max(p, n): the largest of x[0..n), NaN ignored; -Infinity when n is 0 or all are NaN.
   (func (export "max") (param $p i32) (param $n i32) (result f32)
