@@ -67,7 +67,7 @@ Deno.test("logit scan: a double threshold is compared exactly (float32 rounding 
   assert.deepEqual([...buf.above(0.10000000149011613, 10)!], [1, 2]);
 });
 
-Deno.test("logit scan: weights are exp within float32 rounding; pick walks them as JavaScript does", () => {
+Deno.test("logit scan: weights are exp within float32 rounding; pick, range, mass and clip agree with JavaScript", () => {
   for (const n of [1, 3, 4, 5, 1000, 151_669]) {
     for (const shape of ["spread", "ties", "masked", "nan", "peak"]) {
       const buf = fill(shape, n);
@@ -113,6 +113,12 @@ Deno.test("logit scan: weights are exp within float32 rounding; pick walks them 
           }
           assert.equal(buf.pick(u * sum), expected, `${shape} ${n} pick ${u}`);
         }
+        // Last, as it changes the weights: clipping below a value keeps the rest and sums them.
+        const clipped = Array.from(w, (v) => (v >= 0.3 ? v : 0));
+        const kept = buf.clipWeights(0.3);
+        assert.deepEqual([...w], clipped, `${shape} ${n}: clip`);
+        const keptSum = clipped.reduce((a, v) => a + v, 0);
+        assert.ok(Math.abs(kept - keptSum) <= 1e-9 * Math.max(1, keptSum), `${shape} ${n}: clip sum`);
       }
     }
   }

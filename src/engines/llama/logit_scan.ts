@@ -13,6 +13,7 @@ interface Kernels {
   memory: WebAssembly.Memory;
   range(p: number, n: number, lo: number, hi: number, out: number, max: number): number;
   mass(p: number, n: number, t: number): number;
+  clip(p: number, n: number, t: number): number;
   max(p: number, n: number): number;
   weights(p: number, n: number, best: number, inv: number, floor: number, out: number): number;
   pick(w: number, n: number, r: number): number;
@@ -153,6 +154,18 @@ export class LogitBuffer {
     if (this.#kernels) return this.#kernels.mass(this.#weightsOffset, w.length, f32AtLeast(t));
     let sum = 0;
     for (let i = 0; i < w.length; i++) if (w[i] >= t) sum += w[i];
+    return sum;
+  }
+
+  /** Sets the {@link weightValues} below `t` to 0; returns the sum of those left. */
+  clipWeights(t: number): number {
+    const w = this.weightValues;
+    if (this.#kernels) return this.#kernels.clip(this.#weightsOffset, w.length, f32AtLeast(t));
+    let sum = 0;
+    for (let i = 0; i < w.length; i++) {
+      if (w[i] >= t) sum += w[i];
+      else w[i] = 0;
+    }
     return sum;
   }
 

@@ -100,6 +100,7 @@ export class TokenSampler {
   readonly #nucleus: NucleusSearch = {
     inRange: (lo, hi, limit) => this.#scratch.weightsInRange(lo, hi, limit),
     massAtLeast: (t) => this.#scratch.weightsMass(t),
+    clip: (t) => this.#scratch.clipWeights(t),
   };
 
   readonly #simd: boolean;
@@ -191,7 +192,7 @@ export class TokenSampler {
     // The whole vocabulary: weights by the SIMD kernel, in the buffer's own memory.
     let sum = this.#scratch.weights(best, inv, floor);
     const w = this.#scratch.weightValues;
-    if (p.minP > 0) sum = keepAtLeast(w, p.minP, sum);
+    if (p.minP > 0) sum = this.#scratch.clipWeights(p.minP);
     if (p.topP < 1) sum = keepTopMass(w, p.topP, sum, this.#nucleus);
     const token = this.#scratch.pick(this.#random() * sum);
     return token >= 0 ? token : argmax(x);
@@ -240,6 +241,8 @@ interface NucleusSearch {
   inRange(lo: number, hi: number, limit: number): ArrayLike<number> | undefined;
   /** The sum of the weights at or above `t`. */
   massAtLeast(t: number): number;
+  /** Sets the weights below `t` to 0; returns the sum of those left. */
+  clip(t: number): number;
 }
 
 /**
@@ -255,6 +258,7 @@ function keepTopMass(w: Float32Array, topP: number, sum: number, search?: Nucleu
     for (let i = 0; i < w.length; i++) if (w[i] > 0) positive[n++] = w[i];
     cut = massCut(positive.subarray(0, n), topP * sum) ?? (n > 0 ? positive.subarray(0, n).sort()[0] : 0);
   }
+  if (search) return search.clip(cut);
   let total = 0;
   for (let i = 0; i < w.length; i++) {
     if (w[i] < cut) w[i] = 0;
@@ -283,8 +287,10 @@ function nucleusCut(w: Float32Array, mass: number, search: NucleusSearch): numbe
     const cut = massCut(sorted(found), mass);
     if (cut !== undefined) return cut;
   }
-  let lo = 0;
+  // Weights within the cutoff are at least e^-30: starting there saves a dozen rounds over 0.
+  let lo = 1e-14;
   let hi = 2;
+  if (search.massAtLeast(lo) < mass) return undefined;
   for (let round = 0; round < 64; round++) {
     const found = search.inRange(lo, hi, ABOVE_CAPACITY);
     if (found) {

@@ -89,6 +89,38 @@
         (br $tail)))
     (local.get $sum))
 
+  ;; clip(p, n, t): sets the x[i] below t (and NaN) to 0; returns the sum (in f64) of what is left.
+  (func (export "clip") (param $p i32) (param $n i32) (param $t f32) (result f64)
+    (local $i i32) (local $end i32) (local $a i32) (local $tv v128) (local $w v128) (local $s0 v128)
+    (local $s1 v128) (local $sum f64) (local $v f32)
+    (local.set $tv (f32x4.splat (local.get $t)))
+    (local.set $end (i32.and (local.get $n) (i32.const -4)))
+    (block $done
+      (loop $round
+        (br_if $done (i32.ge_u (local.get $i) (local.get $end)))
+        (local.set $a (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $w (v128.load (local.get $a)))
+        (local.set $w (v128.and (local.get $w) (f32x4.ge (local.get $w) (local.get $tv))))
+        (v128.store (local.get $a) (local.get $w))
+        (local.set $s0 (f64x2.add (local.get $s0) (f64x2.promote_low_f32x4 (local.get $w))))
+        (local.set $s1 (f64x2.add (local.get $s1) (f64x2.promote_low_f32x4
+          (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $w) (local.get $w)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $round)))
+    (local.set $s0 (f64x2.add (local.get $s0) (local.get $s1)))
+    (local.set $sum (f64.add (f64x2.extract_lane 0 (local.get $s0)) (f64x2.extract_lane 1 (local.get $s0))))
+    (block $tail_done
+      (loop $tail
+        (br_if $tail_done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $a (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $v (f32.load (local.get $a)))
+        (if (f32.ge (local.get $v) (local.get $t))
+          (then (local.set $sum (f64.add (local.get $sum) (f64.promote_f32 (local.get $v)))))
+          (else (f32.store (local.get $a) (f32.const 0))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $tail)))
+    (local.get $sum))
+
   ;; max(p, n): the largest of x[0..n), NaN ignored; -Infinity when n is 0 or all are NaN.
   (func (export "max") (param $p i32) (param $n i32) (result f32)
     (local $i i32) (local $end i32) (local $a i32) (local $best f32) (local $v f32)
