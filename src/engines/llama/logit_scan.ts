@@ -1,10 +1,10 @@
 /**
  * A vocabulary's logits in WebAssembly memory, with 128-bit SIMD passes over them
- * (`wasm/logit_scan.wat`): the indexes at or above a value (top-k candidates, the sampling cutoff)
- * and the largest value. A pass over Qwen3's 151,669 logits takes about 28 µs this way against about
- * 150 µs for the tightest JavaScript loop, and the sampler makes one or two of them per token, on the
- * thread that serves HTTP and holds up the next decode. Where WebAssembly cannot be compiled, the same
- * passes run in JavaScript.
+ * (`wasm/logit_scan.wat`): the indexes in a range of values (top-k candidates, the sampling cutoff),
+ * the largest value, and for sampling without top-k the softmax weights, their mass above a value,
+ * clipping and the draw. A pass over Qwen3's 151,669 logits takes about 28 µs this way against about
+ * 150 µs for the tightest JavaScript loop, on the thread that serves HTTP and holds up the next decode.
+ * Where WebAssembly cannot be compiled, the same passes run in JavaScript.
  */
 import { WASM_BASE64 } from "./wasm/logit_scan_wasm.ts";
 
@@ -173,7 +173,7 @@ export class LogitBuffer {
     limit = Math.min(limit, ABOVE_CAPACITY);
     const n = this.#kernels
       ? this.#kernels.range(offset, x.length, f32AtLeast(lo), f32AtLeast(hi), this.#outOffset, limit)
-      : rangeJs(x, lo, hi, this.#out, limit);
+      : indexesInRange(x, lo, hi, this.#out, limit);
     return n < 0 ? undefined : this.#out.subarray(0, n);
   }
 
@@ -224,7 +224,22 @@ export class LogitBuffer {
   }
 }
 
-function rangeJs(x: Float32Array, lo: number, hi: number, out: Int32Array, limit: number): number {
+/**
+ * The JavaScript form of the `range` kernel: writes the indexes `i` (ascending) with `x[i] >= lo` and
+ * not `x[i] >= hi` (hi NaN: no upper bound) to `out`; returns how many, or -1 when more than `limit`.
+ *
+ * @example
+ * ```ts
+ * indexesInRange(new Float32Array([3, 1, 2]), 2, NaN, new Int32Array(4), 4); // 2: out starts [0, 2]
+ * ```
+ */
+export function indexesInRange(
+  x: Float32Array,
+  lo: number,
+  hi: number,
+  out: Int32Array,
+  limit: number,
+): number {
   let n = 0;
   for (let i = 0; i < x.length; i++) {
     if (x[i] >= lo && !(x[i] >= hi)) {

@@ -4,7 +4,7 @@
  * log-probabilities when asked. One instance per generated sequence (it holds the seeded RNG and
  * the penalty counts). The passes over the whole vocabulary run as SIMD kernels (logit_scan.ts).
  */
-import { ABOVE_CAPACITY, f32Midpoint, LogitBuffer } from "./logit_scan.ts";
+import { ABOVE_CAPACITY, f32Midpoint, indexesInRange, LogitBuffer } from "./logit_scan.ts";
 
 /** Sampling settings of one sequence. */
 export interface SamplingParams {
@@ -188,7 +188,7 @@ export class TokenSampler {
     const floor = best - CUTOFF * p.temperature;
     // Usually few logits lie within the cutoff: only they get weights (in index order, as below).
     const near = this.#scratch.above(floor, ABOVE_CAPACITY);
-    if (near) return this.#pickAmong(x, Array.from(near), best);
+    if (near) return this.#pickAmong(x, near, best);
     // The whole vocabulary: weights by the SIMD kernel, in the buffer's own memory.
     let sum = this.#scratch.weights(best, inv, floor);
     const w = this.#scratch.weightValues;
@@ -202,16 +202,16 @@ export class TokenSampler {
    * Temperature sampling among candidates (top-k, best first; or every token within the cutoff, in
    * index order, with the `best` logit), with min-p and top-p.
    */
-  #pickAmong(x: Float32Array, candidates: number[], best = x[candidates[0]]): number {
+  #pickAmong(x: Float32Array, candidates: ArrayLike<number>, best = x[candidates[0]]): number {
     const p = this.#params;
     const w = scratch.f32("weights", candidates.length);
     if (best === -Infinity) return candidates[0];
     const inv = 1 / p.temperature;
     let sum = 0;
-    candidates.forEach((t, i) => {
-      w[i] = Math.exp((x[t] - best) * inv);
+    for (let i = 0; i < candidates.length; i++) {
+      w[i] = Math.exp((x[candidates[i]] - best) * inv);
       sum += w[i];
-    });
+    }
     if (p.minP > 0) sum = keepAtLeast(w, p.minP, sum);
     if (p.topP < 1) sum = keepTopMass(w, p.topP, sum);
     let r = this.#random() * sum;
@@ -399,13 +399,11 @@ function bestOf(x: Float32Array, found: ArrayLike<number>, k: number): number[] 
   return out;
 }
 
-/** The indexes with `x[i] >= t`, ascending; undefined when more than `limit`. */
-function aboveJs(x: Float32Array, t: number, limit: number): number[] | undefined {
-  const found: number[] = [];
-  for (let i = 0; i < x.length; i++) {
-    if (x[i] >= t && found.push(i) > limit) return undefined;
-  }
-  return found;
+/** The indexes with `x[i] >= t`, ascending (a reused array); undefined when more than `limit`. */
+function aboveJs(x: Float32Array, t: number, limit: number): Int32Array | undefined {
+  const out = scratch.i32("above", Math.min(limit, x.length));
+  const n = indexesInRange(x, t, NaN, out, limit);
+  return n < 0 ? undefined : out.subarray(0, n);
 }
 
 /** {@link topTokens} with a heap over every entry. */

@@ -1,6 +1,6 @@
 ;; Passes over a vocabulary's logits with 128-bit SIMD, for the sampler (logit_scan.ts).
 ;; The logits live in this module's memory at byte offset 0; callers pass pointers into it.
-;; Rebuild logit_scan.ts from this file with `deno task wasm` (a test checks that they agree).
+;; Rebuild logit_scan_wasm.ts from this file with `deno task wasm` (a test checks that they agree).
 (module
   (memory (export "memory") 1)
 
