@@ -215,22 +215,28 @@ export function createServer(deps: ServerDeps): ServerHandler {
         const { slot, engine } = deps.registry.engine(body.model, "embedding");
         admit(slot, ctx);
         // A model served by upstreams reads the entries itself (its tokenizer is theirs).
-        const res = await (engine.embedEntries ? createEntryEmbeddings : createEmbeddings)(body, engine, {
-          maxInputTokens: slot.spec.maxInputTokens ?? 8192,
-          maxEntries: deps.maxEmbeddingInputs,
-          matryoshka: slot.spec.matryoshka,
-          minDims: slot.spec.minDims,
-          queryInstruction: slot.spec.queryInstruction,
-          queryFormat: slot.spec.queryFormat,
-          admitTokens: (tokens) => {
-            try {
-              return deps.registry.admitTokens(slot, tokens, deps.maxQueuedEmbeddingTokens ?? 262_144);
-            } catch (e) {
-              deps.metrics.rejected.inc({ model: slot.spec.id });
-              throw e;
-            }
+        const res = await (engine.embedEntries ? createEntryEmbeddings : createEmbeddings)(
+          body,
+          engine,
+          {
+            maxInputTokens: slot.spec.maxInputTokens ?? 8192,
+            maxEntries: deps.maxEmbeddingInputs,
+            matryoshka: slot.spec.matryoshka,
+            minDims: slot.spec.minDims,
+            queryInstruction: slot.spec.queryInstruction,
+            queryFormat: slot.spec.queryFormat,
+            admitTokens: (tokens) => {
+              try {
+                return deps.registry.admitTokens(slot, tokens, deps.maxQueuedEmbeddingTokens ?? 262_144);
+              } catch (e) {
+                deps.metrics.rejected.inc({ model: slot.spec.id });
+                throw e;
+              }
+            },
           },
-        }, ctx.signal);
+          ctx.signal,
+          ctx.id,
+        );
         ctx.promptTokens = res.usage.prompt_tokens;
         return jsonResponse(res);
       },

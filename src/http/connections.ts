@@ -61,9 +61,12 @@ export class ConnectionWatch {
   readonly #lenArg = new Uint8Array(this.#len.buffer);
   readonly #info = new Uint8Array(256);
   readonly #tracked = new Set<Tracked>();
+  /** Connection key → requests of it in a handler. */
+  readonly #busy = new Map<string, number>();
   /** Connection key → when it last had no request in a handler (or was first seen). */
   readonly #idleSince = new Map<string, number>();
-  #pollTimer?: ReturnType<typeof setInterval>;
+  #pollTimer?: ReturnType<typeof setTimeout>;
+  #closed = false;
   #sweepTimer?: ReturnType<typeof setInterval>;
   /** Connections shut down for idleness, for metrics and tests. */
   reaped = 0;
@@ -104,27 +107,45 @@ export class ConnectionWatch {
   track(remote: Deno.NetAddr, gone: () => void): () => void {
     const entry: Tracked = { key: addressKey(remote.hostname, remote.port), gone };
     this.#tracked.add(entry);
+    this.#busy.set(entry.key, (this.#busy.get(entry.key) ?? 0) + 1);
     this.#idleSince.delete(entry.key);
-    if (this.#pollTimer === undefined) {
-      const timer = setInterval(() => this.#poll(), POLL_MS);
-      Deno.unrefTimer(timer);
-      this.#pollTimer = timer;
-    }
+    // One timer at a time, armed again by the poll while requests run: a short request neither
+    // starts nor stops a timer of its own.
+    if (this.#pollTimer === undefined) this.#armPoll();
     return () => {
       if (!this.#tracked.delete(entry)) return;
-      if (![...this.#tracked].some((t) => t.key === entry.key)) this.#idleSince.set(entry.key, Date.now());
-      if (this.#tracked.size === 0) this.#stopPoll();
+      this.#release(entry.key);
     };
   }
 
   close(): void {
-    this.#stopPoll();
+    this.#closed = true;
+    clearTimeout(this.#pollTimer);
+    this.#pollTimer = undefined;
     clearInterval(this.#sweepTimer);
   }
 
-  #stopPoll() {
-    clearInterval(this.#pollTimer);
-    this.#pollTimer = undefined;
+  #armPoll() {
+    if (this.#closed) return;
+    const timer = setTimeout(() => {
+      this.#pollTimer = undefined;
+      if (this.#tracked.size === 0) return;
+      this.#poll();
+      if (this.#tracked.size > 0) this.#armPoll();
+    }, POLL_MS);
+    Deno.unrefTimer(timer);
+    this.#pollTimer = timer;
+  }
+
+  /** One request on connection `key` left its handler. */
+  #release(key: string) {
+    const n = (this.#busy.get(key) ?? 1) - 1;
+    if (n > 0) {
+      this.#busy.set(key, n);
+      return;
+    }
+    this.#busy.delete(key);
+    this.#idleSince.set(key, Date.now());
   }
 
   #poll() {
@@ -132,14 +153,14 @@ export class ConnectionWatch {
     for (const t of [...this.#tracked]) {
       if (live.has(t.key)) continue;
       this.#tracked.delete(t);
+      this.#release(t.key);
       t.gone();
     }
-    if (this.#tracked.size === 0) this.#stopPoll();
   }
 
   #sweep() {
     const now = Date.now();
-    const busy = new Set([...this.#tracked].map((t) => t.key));
+    const busy = this.#busy;
     const seen = new Set<string>();
     for (const c of this.#connections()) {
       seen.add(c.key);

@@ -120,6 +120,7 @@ const SYMBOLS = {
   llama_set_embeddings: { parameters: ["pointer", "bool"], result: "void" },
   llama_synchronize: { parameters: ["pointer"], result: "void" },
   llama_get_logits_ith: { parameters: ["pointer", "i32"], result: "pointer" },
+  llama_get_logits: { parameters: ["pointer"], result: "pointer" },
   llama_get_embeddings_seq: { parameters: ["pointer", "i32"], result: "pointer" },
   llama_get_embeddings_ith: { parameters: ["pointer", "i32"], result: "pointer" },
   llama_sampler_init_grammar: { parameters: ["pointer", "buffer", "buffer"], result: "pointer" },

@@ -209,6 +209,8 @@ export class NativeContext {
   readonly nSeqMax: number;
   readonly mem: Deno.PointerObject;
   #freed = false;
+  /** A view of llama.cpp's logits buffer from its start (see {@link logits}). */
+  #outputs?: { base: Deno.PointerObject; view: Float32Array };
 
   private constructor(
     readonly lib: LlamaLibrary,
@@ -278,9 +280,28 @@ export class NativeContext {
     );
   }
 
-  /** The logits of the batch's output `i` (a view: valid until the next decode). */
+  /**
+   * The logits of the batch's output `i` (a view: valid until the next decode). Views share one
+   * ArrayBuffer over llama.cpp's output buffer, made again only when that buffer moves or a later
+   * row is asked for: V8 counts every ArrayBuffer over native memory as external memory, and one
+   * of 600 KB per token and sequence (151k logits) set off a garbage collection every few tokens.
+   */
   logits(i: number): Float32Array {
-    return nativeView(Float32Array, this.lib.symbols.llama_get_logits_ith(this.ptr, i), this.model.nVocab);
+    const s = this.lib.symbols;
+    const row = s.llama_get_logits_ith(this.ptr, i);
+    const base = s.llama_get_logits(this.ptr);
+    if (!row || !base) throw new Error("null pointer from llama.cpp");
+    const nVocab = this.model.nVocab;
+    const at = (Number(Deno.UnsafePointer.value(row)) - Number(Deno.UnsafePointer.value(base))) / 4;
+    const outputs = this.#outputs;
+    if (
+      !outputs || !Deno.UnsafePointer.equals(outputs.base, base) || at < 0 ||
+      at + nVocab > outputs.view.length
+    ) {
+      // The buffer holds at least the rows up to this one.
+      this.#outputs = { base, view: nativeView(Float32Array, base, at + nVocab) };
+    }
+    return this.#outputs!.view.subarray(at, at + nVocab);
   }
 
   /** The pooled embedding of sequence `seq` after the last decode (a copy). */
