@@ -1,13 +1,16 @@
 /**
  * Engine paths that the built-in models do not take under their default settings, exercised on
  * the generated models with real inference: a step of short embedding inputs as one decode (what
- * 0.6B-and-larger models do) must give the vectors of the two-decode path.
+ * 0.6B-and-larger models do) must give the vectors of the two-decode path; the logits of a decode's
+ * outputs are rows of one view of llama.cpp's buffer, not an ArrayBuffer per token (which cost a
+ * garbage collection every few tokens).
  */
 import assert from "node:assert/strict";
 import { resolveSource } from "../src/models/sources.ts";
 import { silentLogger } from "../src/log.ts";
 import { llamaRuntime } from "../src/engines/llama/runtime.ts";
-import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
+import { nativeView, openLlamaLibrary } from "../src/engines/llama/ffi.ts";
+import { Batch, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
 import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
 
 const CACHE = new URL("../models/cache", import.meta.url).pathname;
@@ -61,6 +64,62 @@ Deno.test({
     } finally {
       await apart.dispose();
       await together.dispose();
+    }
+  },
+});
+
+Deno.test({
+  name: "logits: rows of one view of llama.cpp's output buffer, equal to its own rows, kept across decodes",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    await llamaRuntime("cpu", silentLogger);
+    const lib = openLlamaLibrary();
+    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+    const model = await NativeModel.load(lib, path, 0);
+    const ctx = await NativeContext.create(model, {
+      nCtx: 256,
+      nBatch: 64,
+      nUbatch: 64,
+      nSeqMax: 3,
+      threads: 2,
+      embeddings: false,
+      kvUnified: true,
+    });
+    const batch = new Batch(lib, 64);
+    try {
+      const prompts = ["hello there", "a river of stones", "¿dónde está?"].map((t) =>
+        model.tokenize(t, false)
+      );
+      const outs = prompts.map((ids, seq) => {
+        let out = -1;
+        ids.forEach((id, pos) => (out = batch.add(id, pos, seq, pos === ids.length - 1)));
+        return out;
+      });
+      await ctx.decode(batch);
+      const check = (rows: number[]) => {
+        // The first call for a later row may widen the view; after that one buffer serves them all.
+        rows.forEach((i) => ctx.logits(i));
+        const views = rows.map((i) => ctx.logits(i));
+        rows.forEach((i, k) => {
+          const own = nativeView(Float32Array, lib.symbols.llama_get_logits_ith(ctx.ptr, i), model.nVocab);
+          assert.equal(views[k].length, model.nVocab);
+          assert.ok(views[k].every((x, j) => Object.is(x, own[j])), `row ${i} differs from llama.cpp's`);
+        });
+        assert.ok(views.every((v) => v.buffer === views[0].buffer), "one ArrayBuffer for every row");
+        assert.notDeepEqual(views[0], views[1]);
+        return views[0].buffer;
+      };
+      const first = check(outs);
+      // The next token of each sequence, in the order 2, 0, 1: other rows, the same buffer.
+      batch.clear();
+      const next = [2, 0, 1].map((seq) => batch.add(7 + seq, prompts[seq].length, seq, true));
+      await ctx.decode(batch);
+      assert.equal(check(next), first, "no new ArrayBuffer over the same output buffer");
+    } finally {
+      batch.free();
+      ctx.free();
+      model.free();
     }
   },
 });
