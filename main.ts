@@ -84,11 +84,13 @@ async function main(): Promise<number> {
   const shutdown = new AbortController();
   const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal };
   const metrics = createMetrics(registry);
-  new EventLoopMonitor((stall, lag) => {
+  const loopMonitor = new EventLoopMonitor((stall, lag) => {
     metrics.eventLoopStall.observe({}, stall);
     metrics.eventLoopLag.observe({}, lag);
-  }).start();
+  });
+  loopMonitor.start();
   const handler = createServer({
+    onRequest: () => loopMonitor.wake(),
     registry,
     keys,
     limiter: new RateLimiter(),

@@ -125,12 +125,12 @@ export class Metrics {
   );
   readonly eventLoopStall = new Histogram(
     "vserve_event_loop_stall_seconds",
-    "CPU time of the JavaScript thread between two 25 ms event-loop ticks: how long our own work held the loop.",
+    "CPU time of the JavaScript thread between two event-loop ticks (25 ms apart while it works, 250 ms while it idles): how long our own work held the loop.",
     STALL_SECONDS,
   );
   readonly eventLoopLag = new Histogram(
     "vserve_event_loop_lag_seconds",
-    "How late a 25 ms event-loop tick fired (our own work, or no free core on the host).",
+    "How late an event-loop tick fired (our own work, or no free core on the host).",
     STALL_SECONDS,
   );
   readonly #families: Family[];

@@ -12,6 +12,7 @@ import {
   modelNotFound,
 } from "./http/errors.ts";
 import { readJsonBody } from "./http/body.ts";
+import { onStreamEnd } from "./http/sse.ts";
 import type { ApiKey, KeyRing, RateLimiter } from "./http/auth.ts";
 import type { Logger } from "./log.ts";
 import type { ModelSlot, Registry } from "./registry.ts";
@@ -65,6 +66,8 @@ export interface ServerDeps {
   corsOrigins: readonly string[];
   /** The connection watch (client-gone detection, idle timeout), once listening. */
   connections?: () => ConnectionWatch | null;
+  /** Called as each request arrives (the event-loop monitor goes back to short ticks). */
+  onRequest?: () => void;
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
 }
@@ -442,6 +445,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
 
   const handler = async (req: Request, info?: Deno.ServeHandlerInfo<Deno.Addr>): Promise<Response> => {
     const started = performance.now();
+    deps.onRequest?.();
     const url = new URL(req.url);
     // Deno.serve misses the disconnect of a client whose body was over ~1 KB: the kernel's view does not.
     const gone = new AbortController();
@@ -527,7 +531,11 @@ export function createServer(deps: ServerDeps): ServerHandler {
     // with a content-length, which it keeps only while nobody reads `res.body` (the getter turns a
     // string body into a stream, sent chunked): look at the content type first.
     const streaming = res.headers.get("content-type")?.startsWith("text/event-stream") && res.body !== null;
-    return streaming ? withBodyEnd(res, finish) : (finish(), res);
+    if (!streaming) {
+      finish();
+      return res;
+    }
+    return onStreamEnd(res.body, finish) ? res : withBodyEnd(res, finish);
   };
   return Object.assign(handler, { routes: routeTable });
 }

@@ -1,6 +1,7 @@
 /** Unit tests of pure logic: SSE encoding, vector maths, settings precedence, error paths. */
 import assert from "node:assert/strict";
-import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
+import { onStreamEnd, SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
+import { EventLoopMonitor } from "../src/event_loop.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/services/vectors.ts";
 import { Counter } from "../src/metrics.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
@@ -190,4 +191,66 @@ Deno.test("embeddings: a model without Matryoshka support refuses other dimensio
   );
   const native = await createEmbeddings({ model: "m", input: "abc", dimensions: 64 }, engine, limits);
   assert.equal((native.data[0].embedding as number[]).length, 64);
+});
+
+Deno.test("event-loop monitor: short ticks while the thread works, long ones while it idles", async () => {
+  const ticks: number[] = [];
+  const monitor = new EventLoopMonitor(() => ticks.push(performance.now()), 10, 100);
+  monitor.start();
+  try {
+    // Busy: about 60% of the time on the thread, in 6 ms slices.
+    const busyEnd = performance.now() + 300;
+    while (performance.now() < busyEnd) {
+      const sliceEnd = performance.now() + 6;
+      while (performance.now() < sliceEnd) { /* work */ }
+      await new Promise((r) => setTimeout(r, 4));
+    }
+    const busyTicks = ticks.length;
+    // Idle: 600 ms asleep.
+    await new Promise((r) => setTimeout(r, 600));
+    const idleTicks = ticks.length - busyTicks;
+    assert.ok(busyTicks >= 8, `${busyTicks} ticks in 300 ms of work (10 ms apart: ~30)`);
+    assert.ok(idleTicks <= 12, `${idleTicks} ticks in 600 ms idle (100 ms apart: ~6; 10 ms apart: ~60)`);
+    // A request arrives: the idle window ends at once and short ticks resume.
+    const before = ticks.length;
+    monitor.wake();
+    assert.equal(ticks.length, before + 1, "the idle window is closed by wake()");
+    await new Promise((r) => setTimeout(r, 40));
+    assert.ok(ticks.length - before >= 2, "a short tick after wake() (a long one would come 100 ms later)");
+  } finally {
+    monitor.stop();
+  }
+});
+
+Deno.test("sseStream: onStreamEnd is told once when the stream ends or is cancelled, not for other streams", async () => {
+  async function* three() {
+    yield { a: 1 };
+    yield { a: 2 };
+    yield { a: 3 };
+  }
+  let ended = 0;
+  const body = sseStream(three());
+  assert.equal(onStreamEnd(body, () => ended++), true);
+  const text = await new Response(body).text();
+  assert.ok(text.endsWith("data: [DONE]\n\n"));
+  assert.equal(ended, 1);
+  assert.equal(onStreamEnd(body, () => ended++), false, "a stream already over");
+
+  let cancelled = 0;
+  let returned = false;
+  async function* endless() {
+    try {
+      for (let i = 0;; i++) yield { i };
+    } finally {
+      returned = true;
+    }
+  }
+  const cut = sseStream(endless());
+  onStreamEnd(cut, () => cancelled++);
+  const reader = cut.getReader();
+  await reader.read();
+  await reader.cancel();
+  assert.equal(cancelled, 1);
+  assert.ok(returned, "the source was returned");
+  assert.equal(onStreamEnd(new ReadableStream(), () => {}), false, "not a stream of sseStream");
 });
