@@ -36,8 +36,9 @@ export class EventLoopMonitor {
   #running = false;
   /** Whether the current tick is a long one (the thread was nearly idle). */
   #slow = false;
-  /** Ends the current window now and ticks again after `intervalMs` (see {@link wake}). */
-  #restart?: () => void;
+  /** When the current window began, and the thread's CPU time then. */
+  #last = 0;
+  #lastCpu: number | undefined;
 
   /** `idleIntervalMs`: the tick while the thread used under a tenth of the last window. */
   constructor(observe: TickObserver, intervalMs = 25, idleIntervalMs = 250) {
@@ -56,35 +57,9 @@ export class EventLoopMonitor {
   start(): void {
     if (this.#running) return;
     this.#running = true;
-    let last = performance.now();
-    let lastCpu = this.#cpuNs();
-    const tick = (interval: number) => {
-      this.#slow = interval > this.#intervalMs;
-      this.#timer = setTimeout(() => {
-        const now = performance.now();
-        const cpu = this.#cpuNs();
-        const lag = Math.max(0, now - last - interval) / 1000;
-        const used = cpu === undefined || lastCpu === undefined ? undefined : (cpu - lastCpu) / 1e9;
-        this.#observe(used ?? lag, lag);
-        // Without the thread's CPU time there is no telling idle from busy: keep the short tick.
-        const busy = used === undefined || used * 1000 >= (now - last) / 10;
-        last = now;
-        lastCpu = cpu;
-        if (this.#running) tick(busy ? this.#intervalMs : this.#idleIntervalMs);
-      }, interval);
-      Deno.unrefTimer(this.#timer);
-    };
-    this.#restart = () => {
-      clearTimeout(this.#timer);
-      const now = performance.now();
-      const cpu = this.#cpuNs();
-      // The idle window so far: its CPU and lag, as a tick would have seen them.
-      this.#observe(cpu === undefined || lastCpu === undefined ? 0 : (cpu - lastCpu) / 1e9, 0);
-      last = now;
-      lastCpu = cpu;
-      tick(this.#intervalMs);
-    };
-    tick(this.#intervalMs);
+    this.#last = performance.now();
+    this.#lastCpu = this.#cpuNs();
+    this.#tick(this.#intervalMs);
   }
 
   /**
@@ -92,12 +67,40 @@ export class EventLoopMonitor {
    * spell does not add the work about to start into one sample, which would read as a stall.
    */
   wake(): void {
-    if (this.#running && this.#slow) this.#restart?.();
+    if (!this.#running || !this.#slow) return;
+    clearTimeout(this.#timer);
+    this.#close(undefined);
+    this.#tick(this.#intervalMs);
+  }
+
+  #tick(interval: number) {
+    this.#slow = interval > this.#intervalMs;
+    this.#timer = setTimeout(() => {
+      const busy = this.#close(interval);
+      if (this.#running) this.#tick(busy ? this.#intervalMs : this.#idleIntervalMs);
+    }, interval);
+    Deno.unrefTimer(this.#timer);
+  }
+
+  /**
+   * Ends the current window, meant to last `interval` ms (undefined: ended early by {@link wake}, no
+   * lag), and records it; returns whether the thread worked a tenth of it or more (always true
+   * without its CPU time: no telling idle from busy).
+   */
+  #close(interval: number | undefined): boolean {
+    const now = performance.now();
+    const cpu = this.#cpuNs();
+    const lag = interval === undefined ? 0 : Math.max(0, now - this.#last - interval) / 1000;
+    const used = cpu === undefined || this.#lastCpu === undefined ? undefined : (cpu - this.#lastCpu) / 1e9;
+    this.#observe(used ?? lag, lag);
+    const busy = used === undefined || used * 1000 >= (now - this.#last) / 10;
+    this.#last = now;
+    this.#lastCpu = cpu;
+    return busy;
   }
 
   stop(): void {
     this.#running = false;
-    this.#restart = undefined;
     if (this.#timer !== undefined) clearTimeout(this.#timer);
     this.#timer = undefined;
     this.#file?.close();

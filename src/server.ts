@@ -12,7 +12,6 @@ import {
   modelNotFound,
 } from "./http/errors.ts";
 import { readJsonBody } from "./http/body.ts";
-import { onStreamEnd } from "./http/sse.ts";
 import type { ApiKey, KeyRing, RateLimiter } from "./http/auth.ts";
 import type { Logger } from "./log.ts";
 import type { ModelSlot, Registry } from "./registry.ts";
@@ -20,7 +19,7 @@ import type { Metrics } from "./metrics.ts";
 import { EmbeddingsRequestSchema } from "./protocol/embeddings.ts";
 import { ChatRequestSchema } from "./protocol/chat.ts";
 import type { ModelList, ModelObject } from "./protocol/models.ts";
-import { createEmbeddings } from "./services/embeddings.ts";
+import { createEmbeddings, type EmbeddingLimits } from "./services/embeddings.ts";
 import { createEntryEmbeddings } from "./services/upstream_embeddings.ts";
 import { openApiDocument, type RouteInfo } from "./http/openapi.ts";
 import { type ChatContext, createChatCompletion } from "./services/chat.ts";
@@ -218,28 +217,26 @@ export function createServer(deps: ServerDeps): ServerHandler {
         const { slot, engine } = deps.registry.engine(body.model, "embedding");
         admit(slot, ctx);
         // A model served by upstreams reads the entries itself (its tokenizer is theirs).
-        const res = await (engine.embedEntries ? createEntryEmbeddings : createEmbeddings)(
-          body,
-          engine,
-          {
-            maxInputTokens: slot.spec.maxInputTokens ?? 8192,
-            maxEntries: deps.maxEmbeddingInputs,
-            matryoshka: slot.spec.matryoshka,
-            minDims: slot.spec.minDims,
-            queryInstruction: slot.spec.queryInstruction,
-            queryFormat: slot.spec.queryFormat,
-            admitTokens: (tokens) => {
-              try {
-                return deps.registry.admitTokens(slot, tokens, deps.maxQueuedEmbeddingTokens ?? 262_144);
-              } catch (e) {
-                deps.metrics.rejected.inc({ model: slot.spec.id });
-                throw e;
-              }
-            },
+        const limits: EmbeddingLimits = {
+          maxInputTokens: slot.spec.maxInputTokens ?? 8192,
+          maxEntries: deps.maxEmbeddingInputs,
+          matryoshka: slot.spec.matryoshka,
+          minDims: slot.spec.minDims,
+          queryInstruction: slot.spec.queryInstruction,
+          queryFormat: slot.spec.queryFormat,
+          admitTokens: (tokens) => {
+            try {
+              return deps.registry.admitTokens(slot, tokens, deps.maxQueuedEmbeddingTokens ?? 262_144);
+            } catch (e) {
+              deps.metrics.rejected.inc({ model: slot.spec.id });
+              throw e;
+            }
           },
-          ctx.signal,
-          ctx.id,
-        );
+        };
+        // The request id travels to upstreams, so their logs name the same request.
+        const res = engine.embedEntries
+          ? await createEntryEmbeddings(body, engine, limits, ctx.signal, ctx.id)
+          : await createEmbeddings(body, engine, limits, ctx.signal);
         ctx.promptTokens = res.usage.prompt_tokens;
         return jsonResponse(res);
       },
@@ -531,11 +528,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
     // with a content-length, which it keeps only while nobody reads `res.body` (the getter turns a
     // string body into a stream, sent chunked): look at the content type first.
     const streaming = res.headers.get("content-type")?.startsWith("text/event-stream") && res.body !== null;
-    if (!streaming) {
-      finish();
-      return res;
-    }
-    return onStreamEnd(res.body, finish) ? res : withBodyEnd(res, finish);
+    return streaming ? withBodyEnd(res, finish) : (finish(), res);
   };
   return Object.assign(handler, { routes: routeTable });
 }

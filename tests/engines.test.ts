@@ -15,18 +15,19 @@ import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
 
 const CACHE = new URL("../models/cache", import.meta.url).pathname;
 
+/** The bound libllama (CPU) and the path of built-in model `name`, generated on first use. */
+async function nativeSetup(name: string) {
+  await llamaRuntime("cpu", silentLogger);
+  const path = await resolveSource(`builtin:${name}`, { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+  return { lib: openLlamaLibrary(), path };
+}
+
 Deno.test({
   name: "embeddings: short inputs in one decode give the vectors of bodies and last tokens decoded apart",
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
-    await llamaRuntime("cpu", silentLogger);
-    const lib = openLlamaLibrary();
-    const modelPath = await resolveSource("builtin:tiny-embed", {
-      cacheDir: CACHE,
-      hubUrl: "",
-      log: silentLogger,
-    });
+    const { lib, path: modelPath } = await nativeSetup("tiny-embed");
     const load = (onePassTokens: number) =>
       LlamaEmbeddingEngine.load(lib, {
         modelPath,
@@ -73,9 +74,7 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
-    await llamaRuntime("cpu", silentLogger);
-    const lib = openLlamaLibrary();
-    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+    const { lib, path } = await nativeSetup("tiny-chat");
     const model = await NativeModel.load(lib, path, 0);
     const ctx = await NativeContext.create(model, {
       nCtx: 256,

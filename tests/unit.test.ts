@@ -1,6 +1,6 @@
 /** Unit tests of pure logic: SSE encoding, vector maths, settings precedence, error paths. */
 import assert from "node:assert/strict";
-import { onStreamEnd, SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
+import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
 import { EventLoopMonitor } from "../src/event_loop.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/services/vectors.ts";
 import { Counter } from "../src/metrics.ts";
@@ -220,37 +220,4 @@ Deno.test("event-loop monitor: short ticks while the thread works, long ones whi
   } finally {
     monitor.stop();
   }
-});
-
-Deno.test("sseStream: onStreamEnd is told once when the stream ends or is cancelled, not for other streams", async () => {
-  async function* three() {
-    yield { a: 1 };
-    yield { a: 2 };
-    yield { a: 3 };
-  }
-  let ended = 0;
-  const body = sseStream(three());
-  assert.equal(onStreamEnd(body, () => ended++), true);
-  const text = await new Response(body).text();
-  assert.ok(text.endsWith("data: [DONE]\n\n"));
-  assert.equal(ended, 1);
-  assert.equal(onStreamEnd(body, () => ended++), false, "a stream already over");
-
-  let cancelled = 0;
-  let returned = false;
-  async function* endless() {
-    try {
-      for (let i = 0;; i++) yield { i };
-    } finally {
-      returned = true;
-    }
-  }
-  const cut = sseStream(endless());
-  onStreamEnd(cut, () => cancelled++);
-  const reader = cut.getReader();
-  await reader.read();
-  await reader.cancel();
-  assert.equal(cancelled, 1);
-  assert.ok(returned, "the source was returned");
-  assert.equal(onStreamEnd(new ReadableStream(), () => {}), false, "not a stream of sseStream");
 });

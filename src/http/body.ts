@@ -24,7 +24,7 @@ export async function readJsonBody(req: Request, limitBytes: number, timeoutMs =
   }
   const declared = Number(req.headers.get("content-length") ?? NaN);
   if (declared > limitBytes) throw tooLarge(limitBytes);
-  const bytes = await readLimited(req, limitBytes, timeoutMs, Number.isSafeInteger(declared));
+  const bytes = await readLimited(req, limitBytes, timeoutMs);
   let text: string;
   try {
     text = utf8.decode(bytes);
@@ -51,36 +51,17 @@ export async function readJsonBody(req: Request, limitBytes: number, timeoutMs =
 /** Decodes request bodies; `fatal`: invalid UTF-8 is an error, not replaced. */
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
-/**
- * The body, within `limitBytes` and (if > 0) `timeoutMs`; a client that aborts its upload is a 499.
- * `sized`: the request declared a Content-Length within the limit, which the HTTP layer holds the
- * body to, so it is read whole in one step instead of chunk by chunk.
- */
-async function readLimited(
-  req: Request,
-  limitBytes: number,
-  timeoutMs: number,
-  sized: boolean,
-): Promise<Uint8Array> {
+/** The body, within `limitBytes` and (if > 0) `timeoutMs`; a client that aborts its upload is a 499. */
+async function readLimited(req: Request, limitBytes: number, timeoutMs: number): Promise<Uint8Array> {
   if (!req.body) return new Uint8Array();
+  const reader = req.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
   let timer: ReturnType<typeof setTimeout> | undefined;
   const late = new Promise<never>((_, reject) => {
     if (timeoutMs > 0) timer = setTimeout(() => reject(bodyTimeout(timeoutMs)), timeoutMs);
   });
   late.catch(() => {});
-  if (sized) {
-    try {
-      return await (timer === undefined ? req.bytes() : Promise.race([req.bytes(), late]));
-    } catch (e) {
-      if (e instanceof ApiError) throw e;
-      throw abortedError(new DOMException("the client aborted the upload", "AbortError"));
-    } finally {
-      clearTimeout(timer);
-    }
-  }
-  const reader = req.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let total = 0;
   try {
     for (;;) {
       let next: ReadableStreamReadResult<Uint8Array>;

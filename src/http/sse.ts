@@ -48,20 +48,11 @@ export function sseStream<T>(
   const iterator = source[Symbol.asyncIterator]();
   let ping: ReturnType<typeof setInterval> | undefined;
   let finished = false;
-  let ended = false;
   const stop = () => {
     finished = true;
     if (ping !== undefined) clearInterval(ping);
   };
-  /** The stream is over (closed, or cancelled by the client): tells the {@link onStreamEnd} listener once. */
-  const over = () => {
-    if (ended) return;
-    ended = true;
-    const listener = endListeners.get(stream);
-    endListeners.delete(stream);
-    listener?.();
-  };
-  const stream: ReadableStream<Uint8Array> = new ReadableStream<Uint8Array>({
+  return new ReadableStream<Uint8Array>({
     start(controller) {
       if (opts.pingMs) {
         ping = setInterval(() => {
@@ -77,7 +68,6 @@ export function sseStream<T>(
           stop();
           for (const b of end()) controller.enqueue(b);
           controller.close();
-          over();
         } else {
           controller.enqueue(sseData(next.value, opts.event?.(next.value)));
         }
@@ -88,37 +78,11 @@ export function sseStream<T>(
         if (opts.onError) controller.enqueue(sseData(opts.onError(e)));
         for (const b of end()) controller.enqueue(b);
         controller.close();
-        over();
       }
     },
     async cancel() {
       stop();
-      try {
-        await iterator.return?.();
-      } finally {
-        over();
-      }
+      await iterator.return?.();
     },
   });
-  endListeners.set(stream, () => {});
-  return stream;
-}
-
-/** Streams made by {@link sseStream} that are not over yet, with what to call when they are. */
-const endListeners = new WeakMap<ReadableStream<Uint8Array>, () => void>();
-
-/**
- * Calls `done` once when `body`, a stream made by {@link sseStream}, has sent its last event or was
- * cancelled; false (and nothing is called) for any other stream, or one already over. This spares
- * every event a wrapping stream stage just to learn where the body ends.
- *
- * @example
- * ```ts
- * if (!onStreamEnd(res.body, finish)) wrapBody(res, finish);
- * ```
- */
-export function onStreamEnd(body: ReadableStream<Uint8Array> | null, done: () => void): boolean {
-  if (!body || !endListeners.has(body)) return false;
-  endListeners.set(body, done);
-  return true;
 }
