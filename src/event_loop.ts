@@ -6,10 +6,12 @@
  *
  * The timer ticks every 25 ms while the thread works (a window's CPU above a tenth of it), and every
  * 250 ms while it is nearly idle: 40 wake-ups a second cost an idle or streaming server measurable CPU
- * (0.2–0.3 ms each on a VM whose idle vCPUs halt: a third of a gateway's CPU per relayed token). A
- * stall that begins in a slow window still ends it: the tick comes late, with the stall in its CPU.
+ * (0.2–0.3 ms each on a VM whose idle vCPUs halt: a third of a gateway's CPU per relayed token).
  * A request's arrival ({@link EventLoopMonitor.wake}) ends a slow window at once, so the work it
- * brings is sampled in short windows, as before.
+ * brings is sampled in short windows. A slow window's CPU may be short tasks spread over it (a
+ * stream's tokens, a prompt's continuations: 50 ms of them in 250 ms is no stall), so it reports as
+ * its stall only how late its own tick came (the block that held it), and a busy one returns the
+ * monitor to short ticks.
  */
 
 /** Receives one tick's stall and lag, in seconds. */
@@ -92,7 +94,10 @@ export class EventLoopMonitor {
     const cpu = this.#cpuNs();
     const lag = interval === undefined ? 0 : Math.max(0, now - this.#last - interval) / 1000;
     const used = cpu === undefined || this.#lastCpu === undefined ? undefined : (cpu - this.#lastCpu) / 1e9;
-    this.#observe(used ?? lag, lag);
+    // A long window's CPU may be many short tasks spread over it (50 ms of them in 250 ms is no
+    // stall): all it proves is the block its own tick waited for, its lateness. A short window
+    // cannot hide spread work: its CPU can pass its length only if the tick itself waited.
+    this.#observe(used === undefined ? lag : this.#slow ? Math.min(used, lag) : used, lag);
     const busy = used === undefined || used * 1000 >= (now - this.#last) / 10;
     this.#last = now;
     this.#lastCpu = cpu;

@@ -193,6 +193,45 @@ Deno.test("embeddings: a model without Matryoshka support refuses other dimensio
   assert.equal((native.data[0].embedding as number[]).length, 64);
 });
 
+Deno.test("event-loop monitor: a block is a stall; short tasks spread over an idle-rate window are not", async () => {
+  const samples: { stall: number; lag: number; at: number }[] = [];
+  const monitor = new EventLoopMonitor(
+    (stall, lag) => samples.push({ stall, lag, at: performance.now() }),
+    10,
+    300,
+  );
+  const spin = (ms: number) => {
+    const end = performance.now() + ms;
+    while (performance.now() < end) { /* work */ }
+  };
+  monitor.start();
+  try {
+    // Idle until the ticks are long (300 ms), then 12 slices of 5 ms, 20 ms apart: 60 ms of CPU in
+    // one long window, none of it a block.
+    await new Promise((r) => setTimeout(r, 120));
+    const spreadFrom = performance.now();
+    for (let i = 0; i < 12; i++) {
+      spin(5);
+      await new Promise((r) => setTimeout(r, 15));
+    }
+    await new Promise((r) => setTimeout(r, 350));
+    const spread = samples.filter((s) => s.at > spreadFrom);
+    assert.ok(spread.length > 0, "the long window closed");
+    for (const s of spread) {
+      assert.ok(s.stall <= s.lag + 0.001, `spread work read as a ${(s.stall * 1000).toFixed(0)} ms stall`);
+    }
+    // A request arrives, then one 120 ms block: a stall of about that, whatever the tick rate.
+    monitor.wake();
+    const blockFrom = performance.now();
+    spin(120);
+    await new Promise((r) => setTimeout(r, 30));
+    const block = Math.max(...samples.filter((s) => s.at > blockFrom).map((s) => s.stall));
+    assert.ok(block >= 0.05, `a 120 ms block read as a ${(block * 1000).toFixed(0)} ms stall`);
+  } finally {
+    monitor.stop();
+  }
+});
+
 Deno.test("event-loop monitor: short ticks while the thread works, long ones while it idles", async () => {
   const ticks: number[] = [];
   const monitor = new EventLoopMonitor(() => ticks.push(performance.now()), 10, 100);
