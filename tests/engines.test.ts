@@ -3,7 +3,8 @@
  * the generated models with real inference: a step of short embedding inputs as one decode (what
  * 0.6B-and-larger models do) must give the vectors of the two-decode path; the logits of a decode's
  * outputs are rows of one view of llama.cpp's buffer, not an ArrayBuffer per token (which cost a
- * garbage collection every few tokens).
+ * garbage collection every few tokens); prompts of one length that arrive together share a decode
+ * and compute exactly as alone.
  */
 import assert from "node:assert/strict";
 import { resolveSource } from "../src/models/sources.ts";
@@ -12,6 +13,8 @@ import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { nativeView, openLlamaLibrary } from "../src/engines/llama/ffi.ts";
 import { Batch, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
 import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
+import { Scheduler } from "../src/engines/llama/scheduler.ts";
+import { TokenSampler } from "../src/engines/llama/sampler.ts";
 
 const CACHE = new URL("../models/cache", import.meta.url).pathname;
 
@@ -119,6 +122,116 @@ Deno.test({
       batch.free();
       ctx.free();
       model.free();
+    }
+  },
+});
+
+/** A scheduler over built-in chat model `name` (4 sequences) and a greedy run of one prompt on it. */
+async function schedulerSetup(name: string) {
+  const { lib, path } = await nativeSetup(name);
+  const model = await NativeModel.load(lib, path, 0);
+  const chunk = 512;
+  const ctx = await NativeContext.create(model, {
+    nCtx: 4 * 1024,
+    nBatch: chunk + 4,
+    nUbatch: chunk + 4,
+    nSeqMax: 4,
+    threads: 2,
+    embeddings: false,
+    kvUnified: false,
+  });
+  const batch = new Batch(lib, chunk + 4);
+  const scheduler = new Scheduler(model, ctx, batch, { chunk, maxCheckpoints: 4, checkpointSpacing: 256 });
+  const greedy = {
+    temperature: 0,
+    topK: 0,
+    topP: 1,
+    minP: 0,
+    seed: 1,
+    presencePenalty: 0,
+    frequencyPenalty: 0,
+    repeatPenalty: 1,
+    logitBias: new Map(),
+  };
+  /** The log-probabilities (chosen and top 3) of each token, and the decodes after the prompt's. */
+  const run = async (prompt: number[]) => {
+    const logprobs: number[] = [];
+    let decodes = 0;
+    await scheduler.run({
+      prompt,
+      choices: [{ sampler: new TokenSampler(greedy, model.nVocab), grammar: null }],
+      maxTokens: 6,
+      logprobs: 3,
+      reusePrefix: false,
+      signal: new AbortController().signal,
+      onPrompt: () => {},
+      onToken: (_choice, _token, logprob) => {
+        logprobs.push(logprob!.logprob, ...logprob!.top.map((t) => t.logprob));
+        return true;
+      },
+      onEnd: (_choice, cause) => (decodes = logprobs.length / 4 - 1 + (cause === "eog" ? 1 : 0)),
+    });
+    return { logprobs, decodes };
+  };
+  const free = () => {
+    batch.free();
+    ctx.free();
+    model.free();
+  };
+  return { model, scheduler, run, free };
+}
+
+for (const name of ["tiny-chat", "tiny-moe"]) {
+  Deno.test({
+    name:
+      `scheduler (${name}): same-length prompts arriving together share one decode, each computed as alone`,
+    sanitizeResources: false,
+    sanitizeOps: false,
+    fn: async () => {
+      const { model, scheduler, run, free } = await schedulerSetup(name);
+      try {
+        const prompts = ["river stone light bell", "town hour quiet river", "bell stone town light"]
+          .map((t) => model.tokenize(t, false));
+        assert.ok(prompts.every((p) => p.length === prompts[0].length), "the prompts have one length");
+        const before = scheduler.stats.decodes;
+        const together = await Promise.all(prompts.map(run));
+        const steps = Math.max(...together.map((r) => r.decodes));
+        assert.equal(scheduler.stats.decodes - before, 1 + steps, "one decode for the three prompts");
+        for (const [i, prompt] of prompts.entries()) {
+          const alone = await run(prompt);
+          assert.ok(alone.logprobs.length >= 4);
+          assert.deepEqual(together[i].logprobs, alone.logprobs, `prompt ${i}: the numbers of a run alone`);
+        }
+      } finally {
+        free();
+      }
+    },
+  });
+}
+
+Deno.test({
+  name: "scheduler: a job submitted as the last running one settles is run, not left waiting",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { model, run, free } = await schedulerSetup("tiny-chat");
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      const prompt = model.tokenize("river stone light bell", false);
+      // The continuation of the last job's promise submits the next one, a few microtasks after the
+      // loop found nothing left to do: it must start a new loop.
+      const chained = (async () => {
+        await Promise.all([run(prompt)]);
+        return await run(prompt);
+      })();
+      const hung = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error("the second job never ran")), 20_000);
+      });
+      const second = await Promise.race([chained, hung]);
+      assert.ok(second.logprobs.length >= 4);
+    } finally {
+      clearTimeout(timer);
+      free();
     }
   },
 });

@@ -1,7 +1,7 @@
 /**
- * The generation loop: every step puts the next token of every decoding sequence and the next
- * prompt chunks of new requests into ONE batch, runs one decode, and samples each sequence from
- * its logits. Sequences keep what they processed, so a later prompt with the same prefix starts
+ * The generation loop: every step decodes the next token of every generating sequence in one
+ * batch, then the next prompt chunks of new requests (chunks of one length on neighbouring
+ * sequences in one batch), and samples each sequence from its logits. Sequences keep what they processed, so a later prompt with the same prefix starts
  * after it; for recurrent (hybrid) models, whose state cannot be cut back, prefixes are resumed
  * from state checkpoints taken at turn boundaries.
  */
@@ -106,6 +106,13 @@ interface Running {
   resolve: () => void;
   reject: (e: unknown) => void;
   failed: boolean;
+}
+
+/** The next piece of a prompt to feed: positions [from, to) of its job's prompt. */
+interface PromptChunk {
+  r: Running;
+  from: number;
+  to: number;
 }
 
 /** Fewest prompt tokens worth reusing a slot that holds another prompt. */
@@ -224,27 +231,25 @@ export class Scheduler {
 
   async #run(): Promise<void> {
     this.#looping = true;
-    // The flag is cleared in the same turn as the last check: a job submitted after it starts a new loop.
     try {
-      await this.#loopSteps();
+      while (this.#waiting.length > 0 || this.#running.length > 0) {
+        this.#dropCancelled();
+        await this.#admit();
+        if (this.#running.length === 0) {
+          if (this.#waiting.length === 0) break;
+          // Waiting jobs need more free sequences than there are: wait for a change.
+          await new Promise<void>((r) => (this.#wake = r));
+          this.#wake = undefined;
+          continue;
+        }
+        await this.#step();
+      }
     } finally {
+      // In the same turn as the loop's last check (no await between them): a job submitted after
+      // it starts a new loop. (Cleared one await later, a job submitted by the continuation of the
+      // last one to finish was left waiting for good.)
       this.#looping = false;
       this.#ctx.idle();
-    }
-  }
-
-  async #loopSteps(): Promise<void> {
-    while (this.#waiting.length > 0 || this.#running.length > 0) {
-      this.#dropCancelled();
-      await this.#admit();
-      if (this.#running.length === 0) {
-        if (this.#waiting.length === 0) break;
-        // Waiting jobs need more free sequences than there are: wait for a change.
-        await new Promise<void>((r) => (this.#wake = r));
-        this.#wake = undefined;
-        continue;
-      }
-      await this.#step();
     }
   }
 
@@ -442,46 +447,88 @@ export class Scheduler {
    * Greedy output must not depend on load: a sequence has to compute exactly as it would alone.
    * llama.cpp splits a batch of several sequences into micro-batches of equal length per sequence
    * (recurrent layers, and per-sequence KV streams, need that), so a prompt chunk sharing a batch
-   * would be cut into other pieces than when it runs alone, and its numbers would differ in the last
-   * bits. Each chunk is therefore a decode of its own, ending only at its prompt's own boundaries.
+   * with a chunk of another length would be cut into other pieces than when it runs alone, and its
+   * numbers would differ in the last bits. A chunk therefore shares its decode only with chunks of
+   * the same length on neighbouring sequences (one micro-batch, each sequence cut as when alone:
+   * a burst of same-length prompts takes one pass over the weights instead of one each).
    */
   async #prefillStep() {
-    const prefilling = this.#running.filter((r) => r.fed < r.job.prompt.length)
-      .sort((a, b) => a.lastChunk - b.lastChunk);
+    const chunks: PromptChunk[] = this.#running.filter((r) => r.fed < r.job.prompt.length)
+      .sort((a, b) => a.lastChunk - b.lastChunk)
+      .map((r) => ({ r, from: r.fed, to: r.boundaries.find((p) => p > r.fed) ?? r.job.prompt.length }));
+    const served = new Set<Running>();
     let budget = this.#opts.chunk;
-    for (const r of prefilling) {
-      if (r.failed || budget <= 0) continue;
-      const from = r.fed;
-      const to = r.boundaries.find((p) => p > from) ?? r.job.prompt.length;
-      if (to - from > budget && budget < this.#opts.chunk) continue;
-      budget -= to - from;
-      const batch = this.#batch;
-      batch.clear();
-      let out = -1;
+    for (const c of chunks) {
+      if (c.r.failed || served.has(c.r) || budget <= 0) continue;
+      const length = c.to - c.from;
+      if (length > budget && budget < this.#opts.chunk) continue;
+      const group = this.#sameLengthRun(c, chunks.filter((o) => !served.has(o.r)), Math.max(budget, length));
+      for (const g of group) served.add(g.r);
+      budget -= length * group.length;
+      await this.#prefill(group);
+    }
+  }
+
+  /**
+   * `c` and the chunks of `candidates` that can share its decode: the same length, on the sequences
+   * next to its own (llama.cpp puts only consecutive sequence ids into one micro-batch), within
+   * `tokens` in all.
+   */
+  #sameLengthRun(c: PromptChunk, candidates: PromptChunk[], tokens: number): PromptChunk[] {
+    const length = c.to - c.from;
+    const alone = (o: PromptChunk) => o.r.job.onPromptLogits !== undefined || o.r.failed;
+    if (this.#opts.oneSequencePerDecode || alone(c)) return [c];
+    const bySeq = new Map<number, PromptChunk>();
+    for (const o of candidates) if (o.to - o.from === length && !alone(o)) bySeq.set(o.r.slots[0].seq, o);
+    const most = Math.floor(tokens / length);
+    const seq = c.r.slots[0].seq;
+    let low = seq;
+    let high = seq;
+    while (high - low + 1 < most && (bySeq.has(high + 1) || bySeq.has(low - 1))) {
+      if (bySeq.has(high + 1)) high++;
+      else low--;
+    }
+    const run: PromptChunk[] = [];
+    for (let s = low; s <= high; s++) run.push(bySeq.get(s) ?? c);
+    return run;
+  }
+
+  /** Runs chunks (sequence order, one length) as one decode, then takes each one's prompt further. */
+  async #prefill(group: PromptChunk[]) {
+    const batch = this.#batch;
+    batch.clear();
+    const outs: number[] = [];
+    for (const { r, from, to } of group) {
       const every = r.job.onPromptLogits !== undefined;
+      let out = -1;
       for (let i = from; i < to; i++) {
         out = batch.add(r.job.prompt[i], i, r.slots[0].seq, every || i === r.job.prompt.length - 1);
       }
+      outs.push(out);
       r.lastChunk = ++this.#chunkClock;
-      if (!await this.#decode(new Set([r]))) continue;
-      const sampleStart = performance.now();
+    }
+    if (!await this.#decode(new Set(group.map((g) => g.r)))) return;
+    const sampleStart = performance.now();
+    let first = 0;
+    for (const [k, { r, from, to }] of group.entries()) {
       const slot = r.slots[0];
       for (let i = from; i < to; i++) slot.cached.push(r.job.prompt[i]);
       if (r.job.onPromptLogits) {
         try {
           for (let i = from; i < Math.min(to, r.job.prompt.length - 1); i++) {
-            r.job.onPromptLogits(i, this.#ctx.logits(i - from));
+            r.job.onPromptLogits(i, this.#ctx.logits(first + i - from));
           }
         } catch (e) {
           this.#finish(r, e);
         }
       }
+      first += to - from;
       r.fed = to;
       this.stats.promptTokensEvaluated += to - from;
       if (r.checkpointAt.has(to)) await this.#checkpoint(slot, to);
-      if (r.fed === r.job.prompt.length && !r.failed) await this.#startChoices(r, out);
-      this.stats.sampleMs += performance.now() - sampleStart;
+      if (r.fed === r.job.prompt.length && !r.failed) await this.#startChoices(r, outs[k]);
     }
+    this.stats.sampleMs += performance.now() - sampleStart;
   }
 
   /** Runs the batch; on failure the memory of `jobs`' sequences is unknown: it is dropped and they fail. */
