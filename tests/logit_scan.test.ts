@@ -48,6 +48,29 @@ Deno.test("logit scan: max and above agree with JavaScript on every shape and le
   }
 });
 
+Deno.test("logit scan: top-k agrees with the written-out rule on every shape, length and k", () => {
+  for (const n of [1, 15, 16, 17, 1000, 151_669]) {
+    for (const shape of Object.keys(SHAPES)) {
+      const buf = fill(shape, n);
+      const x = buf.values;
+      // Best first, equal values by index; NaN and -Infinity never chosen.
+      const ranked = [...x.keys()].filter((i) => x[i] > -Infinity).sort((a, b) => x[b] - x[a] || a - b);
+      for (const k of [0, 1, 5, 40, 1024, n + 3]) {
+        const got = buf.top(k);
+        if (k > 1024) {
+          assert.equal(got, undefined, "over the capacity: JavaScript does it");
+          continue;
+        }
+        assert.deepEqual([...got!], ranked.slice(0, k), `${shape} ${n} k=${k}`);
+        // The JavaScript path it replaces (its probe runs on vocabularies; small arrays take a heap).
+        if (shape !== "nan" && n > 4096 && k <= 40) {
+          assert.deepEqual(topTokens(x, k, (t, l) => buf.above(t, l)), [...got!], `${shape} ${n} k=${k}: JS`);
+        }
+      }
+    }
+  }
+});
+
 Deno.test("logit scan: a double threshold is compared exactly (float32 rounding never admits a value)", () => {
   for (const t of [0.1, -0.1, 1 / 3, -1 / 3, 1e-45, -1e-45, 0, 3.4e38, 16_777_217]) {
     const r = f32AtLeast(t);

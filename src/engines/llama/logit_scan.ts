@@ -1,7 +1,8 @@
 /**
  * A vocabulary's logits in WebAssembly memory, with 128-bit SIMD passes over them
- * (`wasm/logit_scan.wat`): the indexes in a range of values (top-k candidates, the sampling cutoff),
- * the largest value, and for sampling without top-k the softmax weights, their mass above a value,
+ * (`wasm/logit_scan.wat`): the k largest (top-k and greedy, in one pass), the indexes in a range of
+ * values (the sampling cutoff), the largest value, and for sampling without top-k the softmax weights,
+ * their mass above a value,
  * clipping and the draw. A pass over Qwen3's 151,669 logits takes about 28 µs this way against about
  * 150 µs for the tightest JavaScript loop, on the thread that serves HTTP and holds up the next decode.
  * Where WebAssembly cannot be compiled, the same passes run in JavaScript.
@@ -17,10 +18,14 @@ interface Kernels {
   max(p: number, n: number): number;
   weights(p: number, n: number, best: number, inv: number, floor: number, out: number): number;
   pick(w: number, n: number, r: number): number;
+  top(p: number, n: number, k: number, vals: number, idx: number): number;
 }
 
 /** Most indexes one {@link LogitBuffer.above} call can return. */
 export const ABOVE_CAPACITY = 16384;
+
+/** Largest k {@link LogitBuffer.top} takes. */
+export const TOP_CAPACITY = 1024;
 
 const PAGE = 65536;
 
@@ -81,7 +86,7 @@ const BITS_I32 = new Int32Array(BITS_F32.buffer);
 
 /**
  * One sequence's logits and the passes over them. `values` is where the sampler writes (and adjusts)
- * the logits; {@link above} and {@link max} read it.
+ * the logits; {@link above}, {@link top} and {@link max} read it.
  *
  * @example
  * ```ts
@@ -99,6 +104,8 @@ export class LogitBuffer {
   readonly #out: Int32Array;
   readonly #outOffset: number;
   readonly #weightsOffset: number;
+  readonly #topOffset: number;
+  readonly #topIndexes: Int32Array | undefined;
 
   /** `simd: false` runs the same passes in JavaScript (what the kernels are measured against). */
   constructor(size: number, opts: { simd?: boolean } = {}) {
@@ -111,17 +118,24 @@ export class LogitBuffer {
         kernels = undefined;
       }
     }
-    // The logits at 0, then the output indexes, then the weights (each 16-byte aligned).
+    // The logits at 0, then the output indexes, the weights, and top-k's values and indexes (each
+    // 16-byte aligned).
     this.#outOffset = Math.ceil((size * 4) / 16) * 16;
     this.#weightsOffset = this.#outOffset + ABOVE_CAPACITY * 4;
+    this.#topOffset = this.#weightsOffset + Math.ceil((size * 4) / 16) * 16;
     if (kernels) {
-      const pages = Math.ceil((this.#weightsOffset + size * 4) / PAGE);
+      const pages = Math.ceil((this.#topOffset + TOP_CAPACITY * 8) / PAGE);
       const have = kernels.memory.buffer.byteLength / PAGE;
       if (pages > have) kernels.memory.grow(pages - have);
       // The memory never grows again, so these views stay attached.
       this.values = new Float32Array(kernels.memory.buffer, 0, size);
       this.#out = new Int32Array(kernels.memory.buffer, this.#outOffset, ABOVE_CAPACITY);
       this.weightValues = new Float32Array(kernels.memory.buffer, this.#weightsOffset, size);
+      this.#topIndexes = new Int32Array(
+        kernels.memory.buffer,
+        this.#topOffset + TOP_CAPACITY * 4,
+        TOP_CAPACITY,
+      );
     } else {
       this.values = new Float32Array(size);
       this.#out = new Int32Array(ABOVE_CAPACITY);
@@ -141,6 +155,23 @@ export class LogitBuffer {
    */
   above(t: number, limit: number): Int32Array | undefined {
     return this.#range(0, this.values, t, NaN, limit);
+  }
+
+  /**
+   * The indexes of the `k` largest values (NaN and -Infinity left out), best first, equal values by
+   * lower index: one pass that keeps the k best so far. A view the next call overwrites; undefined
+   * without the kernels or for k over {@link TOP_CAPACITY} (then `topTokens` does it in JavaScript).
+   */
+  top(k: number): Int32Array | undefined {
+    if (!this.#kernels || !this.#topIndexes || k > TOP_CAPACITY) return undefined;
+    const n = this.#kernels.top(
+      0,
+      this.values.length,
+      k,
+      this.#topOffset,
+      this.#topOffset + TOP_CAPACITY * 4,
+    );
+    return this.#topIndexes.subarray(0, n);
   }
 
   /** {@link above} over {@link weightValues}, below `hi` too (NaN: no upper bound). */

@@ -180,7 +180,14 @@ export class TokenSampler {
   /** Draws from `x`, which is the scratch buffer's values. */
   #pick(x: Float32Array): number {
     const p = this.#params;
-    if (p.temperature > 0 && p.topK > 0) return this.#pickAmong(x, topTokens(x, p.topK, this.#above));
+    if (p.temperature > 0 && p.topK > 0) {
+      return this.#pickAmong(x, this.#scratch.top(p.topK) ?? topTokens(x, p.topK, this.#above));
+    }
+    if (p.temperature <= 0) {
+      // Greedy: the best token, the lowest index among equals (one pass).
+      const top = this.#scratch.top(1);
+      if (top) return top.length > 0 ? top[0] : argmax(x);
+    }
     const best = this.#scratch.max();
     if (best === -Infinity) return argmax(x);
     if (p.temperature <= 0) return this.#scratch.above(best, ABOVE_CAPACITY)?.[0] ?? argmax(x);
@@ -337,7 +344,8 @@ export function argmax(x: Float32Array): number {
 const PROBE_STRIDE = 31;
 
 /**
- * The `k` indexes with the largest values, best first. On a vocabulary a strided sample first
+ * The `k` indexes with the largest values, best first, in JavaScript (where the one-pass kernel,
+ * {@link LogitBuffer.top}, is unavailable or k is over its capacity). On a vocabulary a strided sample first
  * estimates a value that about 4k entries exceed; one tight pass then keeps those, and only they are
  * sorted (a heap over every entry costs twice as much per token). Exact: when the estimate keeps
  * fewer than `k` (or too many), the heap does the work.
@@ -451,8 +459,11 @@ export function logprobsOf(x: Float32Array, token: number, k: number, buffer?: L
     token,
     logprob: lp(token),
     top: k > 0
-      ? topTokens(x, k, buffer?.values === x ? (t, l) => buffer.above(t, l) : undefined)
-        .map((t) => ({ token: t, logprob: lp(t) }))
+      ? Array.from(
+        (buffer?.values === x ? buffer.top(k) : undefined) ??
+          topTokens(x, k, buffer?.values === x ? (t, l) => buffer.above(t, l) : undefined),
+        (t) => ({ token: t, logprob: lp(t) }),
+      )
       : [],
   };
 }

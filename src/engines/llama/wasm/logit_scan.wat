@@ -253,4 +253,85 @@
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $each)))
     (local.get $last))
+
+  ;; top(p, n, k, vals, idx): the k largest x[i] (NaN and -Infinity left out), best first and equal
+  ;; values by lower index, as f32 at vals and i32 at idx; returns how many (at most k). One pass: 16
+  ;; values a round against the k-th best so far, a scalar insertion only where one beats it.
+  (func (export "top") (param $p i32) (param $n i32) (param $k i32) (param $vals i32) (param $idx i32)
+    (result i32)
+    (local $i i32) (local $end i32) (local $a i32) (local $count i32) (local $j i32)
+    (local $thr f32) (local $thrv v128) (local $v f32)
+    (if (i32.le_s (local.get $k) (i32.const 0)) (then (return (i32.const 0))))
+    (local.set $thr (f32.const -inf))
+    (local.set $thrv (f32x4.splat (local.get $thr)))
+    (local.set $end (i32.and (local.get $n) (i32.const -16)))
+    (block $done
+      (loop $round
+        (br_if $done (i32.ge_u (local.get $i) (local.get $end)))
+        (local.set $a (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2))))
+        (if (v128.any_true
+              (v128.or
+                (v128.or (f32x4.gt (v128.load (local.get $a)) (local.get $thrv))
+                         (f32x4.gt (v128.load offset=16 (local.get $a)) (local.get $thrv)))
+                (v128.or (f32x4.gt (v128.load offset=32 (local.get $a)) (local.get $thrv))
+                         (f32x4.gt (v128.load offset=48 (local.get $a)) (local.get $thrv)))))
+          (then
+            (local.set $j (i32.const 0))
+            (loop $each
+              (local.set $v (f32.load (i32.add (local.get $a) (i32.shl (local.get $j) (i32.const 2)))))
+              (if (f32.gt (local.get $v) (local.get $thr))
+                (then
+                  (local.set $count (call $insert (local.get $v) (i32.add (local.get $i) (local.get $j))
+                    (local.get $count) (local.get $k) (local.get $vals) (local.get $idx)))
+                  (if (i32.ge_u (local.get $count) (local.get $k))
+                    (then
+                      (local.set $thr (f32.load (i32.add (local.get $vals)
+                        (i32.shl (i32.sub (local.get $k) (i32.const 1)) (i32.const 2)))))
+                      (local.set $thrv (f32x4.splat (local.get $thr)))))))
+              (local.set $j (i32.add (local.get $j) (i32.const 1)))
+              (br_if $each (i32.lt_u (local.get $j) (i32.const 16))))))
+        (local.set $i (i32.add (local.get $i) (i32.const 16)))
+        (br $round)))
+    ;; The last n % 16 values.
+    (block $tail_done
+      (loop $tail
+        (br_if $tail_done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $v (f32.load (i32.add (local.get $p) (i32.shl (local.get $i) (i32.const 2)))))
+        (if (f32.gt (local.get $v) (local.get $thr))
+          (then
+            (local.set $count (call $insert (local.get $v) (local.get $i)
+              (local.get $count) (local.get $k) (local.get $vals) (local.get $idx)))
+            (if (i32.ge_u (local.get $count) (local.get $k))
+              (then
+                (local.set $thr (f32.load (i32.add (local.get $vals)
+                  (i32.shl (i32.sub (local.get $k) (i32.const 1)) (i32.const 2)))))))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $tail)))
+    (local.get $count))
+
+  ;; insert(v, i, count, k, vals, idx): puts v (index i) into the descending list of count entries (k
+  ;; at most: a full list loses its last), after the entries it does not beat; returns the new count.
+  (func $insert (param $v f32) (param $i i32) (param $count i32) (param $k i32) (param $vals i32)
+    (param $idx i32) (result i32)
+    (local $j i32) (local $at i32)
+    (if (i32.lt_u (local.get $count) (local.get $k))
+      (then
+        (local.set $j (local.get $count))
+        (local.set $count (i32.add (local.get $count) (i32.const 1))))
+      (else (local.set $j (i32.sub (local.get $k) (i32.const 1)))))
+    (block $placed
+      (loop $shift
+        (br_if $placed (i32.eqz (local.get $j)))
+        (local.set $at (i32.shl (local.get $j) (i32.const 2)))
+        (br_if $placed (i32.eqz (f32.lt (f32.load offset=0 (i32.sub (i32.add (local.get $vals) (local.get $at)) (i32.const 4)))
+                                        (local.get $v))))
+        (f32.store (i32.add (local.get $vals) (local.get $at))
+                   (f32.load (i32.sub (i32.add (local.get $vals) (local.get $at)) (i32.const 4))))
+        (i32.store (i32.add (local.get $idx) (local.get $at))
+                   (i32.load (i32.sub (i32.add (local.get $idx) (local.get $at)) (i32.const 4))))
+        (local.set $j (i32.sub (local.get $j) (i32.const 1)))
+        (br $shift)))
+    (f32.store (i32.add (local.get $vals) (i32.shl (local.get $j) (i32.const 2))) (local.get $v))
+    (i32.store (i32.add (local.get $idx) (i32.shl (local.get $j) (i32.const 2))) (local.get $i))
+    (local.get $count))
 )
