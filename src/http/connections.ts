@@ -65,6 +65,8 @@ export class ConnectionWatch {
   readonly #busy = new Map<string, number>();
   /** Connection key → when it last had no request in a handler (or was first seen). */
   readonly #idleSince = new Map<string, number>();
+  /** Connection key → its descriptor, as the last listing found it. */
+  readonly #fds = new Map<string, number>();
   #pollTimer?: ReturnType<typeof setTimeout>;
   #closed = false;
   #sweepTimer?: ReturnType<typeof setInterval>;
@@ -149,13 +151,31 @@ export class ConnectionWatch {
   }
 
   #poll() {
-    const live = new Set(this.#connections().filter((c) => c.state === ESTABLISHED).map((c) => c.key));
+    // A tracked connection seen before is asked through its descriptor (three system calls); the
+    // process's descriptors are listed only for one not seen yet, or whose descriptor now holds
+    // another connection (or none).
+    let scanned: Map<string, number> | undefined;
     for (const t of [...this.#tracked]) {
-      if (live.has(t.key)) continue;
+      let state = this.#stateOf(t.key);
+      if (state === undefined) {
+        scanned ??= new Map(this.#connections().map((c) => [c.key, c.state]));
+        state = scanned.get(t.key);
+      }
+      if (state === ESTABLISHED) continue;
       this.#tracked.delete(t);
       this.#release(t.key);
       t.gone();
     }
+  }
+
+  /** The TCP state of connection `key` through its last known descriptor; undefined if unknown. */
+  #stateOf(key: string): number | undefined {
+    const fd = this.#fds.get(key);
+    if (fd === undefined) return undefined;
+    const c = this.#connection(fd);
+    if (c?.key === key) return c.state;
+    this.#fds.delete(key);
+    return undefined;
   }
 
   #sweep() {
@@ -173,27 +193,34 @@ export class ConnectionWatch {
     for (const key of [...this.#idleSince.keys()]) if (!seen.has(key)) this.#idleSince.delete(key);
   }
 
-  /** This listener's accepted connections, from the process's own socket descriptors. */
+  /**
+   * This listener's accepted connections, from the process's own socket descriptors (remembered by
+   * key for {@link #stateOf}).
+   */
   #connections(): Connection[] {
     const out: Connection[] = [];
+    this.#fds.clear();
     for (const entry of Deno.readDirSync("/proc/self/fd")) {
       // No readlink to tell sockets apart: getsockname fails at once on anything else (ENOTSOCK,
       // or EBADF for a descriptor closed meanwhile), and a readlink per descriptor and poll cost
       // more than the rest of the poll (a model server holds dozens of descriptors).
-      const fd = Number(entry.name);
-      const local = this.#address(fd, "getsockname");
-      if (!local || local.port !== this.#port) continue;
-      const remote = this.#address(fd, "getpeername");
-      if (!remote) continue; // the listener (no peer)
-      this.#len[0] = this.#info.length;
-      if (
-        this.#libc.getsockopt(fd, IPPROTO_TCP, TCP_INFO, this.#info, this.#lenArg) !== 0
-      ) {
-        continue;
-      }
-      out.push({ key: addressKey(remote.host, remote.port), state: this.#info[0], fd });
+      const c = this.#connection(Number(entry.name));
+      if (!c) continue;
+      this.#fds.set(c.key, c.fd);
+      out.push(c);
     }
     return out;
+  }
+
+  /** The accepted connection of this listener on descriptor `fd`, if that is one. */
+  #connection(fd: number): Connection | undefined {
+    const local = this.#address(fd, "getsockname");
+    if (!local || local.port !== this.#port) return undefined;
+    const remote = this.#address(fd, "getpeername");
+    if (!remote) return undefined; // the listener (no peer)
+    this.#len[0] = this.#info.length;
+    if (this.#libc.getsockopt(fd, IPPROTO_TCP, TCP_INFO, this.#info, this.#lenArg) !== 0) return undefined;
+    return { key: addressKey(remote.host, remote.port), state: this.#info[0], fd };
   }
 
   /** The local or peer address of socket `fd`, or undefined (not a connected IP socket). */
