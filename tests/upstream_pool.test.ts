@@ -129,17 +129,25 @@ Deno.test("error bodies in every upstream's shape", () => {
   assert.deepEqual(errorFields("plain text"), { message: "plain text" });
 });
 
-Deno.test("server-sent events: data lines, CRLF, comments, split reads", async () => {
-  const parts = [': ping\r\n\r\ndata: {"a":1}\r', "\n\r\ndata: line1\ndata: line2\n\n", "data: [DONE]\n\n"];
+Deno.test("server-sent events: data lines, CRLF, comments, split reads, a character split across reads", async () => {
+  const parts = [
+    ': ping\r\n\r\ndata: {"a":1}\r',
+    "\n\r\ndata: line1\ndata: line2\n\n",
+    "data: é\n\n",
+    "data: [DONE]\n\n",
+  ]
+    .map((p) => new TextEncoder().encode(p));
+  // "é" is two bytes: the read ends between them.
+  const split = [...parts.slice(0, 2), parts[2].subarray(0, 7), parts[2].subarray(7), parts[3]];
   const body = new ReadableStream<Uint8Array>({
     start(c) {
-      for (const p of parts) c.enqueue(new TextEncoder().encode(p));
+      for (const p of split) c.enqueue(p);
       c.close();
     },
   });
   const got: string[] = [];
   for await (const d of sseData(body)) got.push(d);
-  assert.deepEqual(got, ['{"a":1}', "line1\nline2", "[DONE]"]);
+  assert.deepEqual(got, ['{"a":1}', "line1\nline2", "é", "[DONE]"]);
 });
 
 Deno.test("the upstream request carries the job, streamed, with usage", () => {
