@@ -215,9 +215,10 @@ Deno.test("event-loop monitor: a block is a stall; short tasks spread over an id
       await new Promise((r) => setTimeout(r, 15));
     }
     await new Promise((r) => setTimeout(r, 350));
-    const spread = samples.filter((s) => s.at > spreadFrom);
-    assert.ok(spread.length > 0, "the long window closed");
-    for (const s of spread) {
+    // The long windows that held the slices (short ones that follow report each slice, a true block).
+    const long = samples.filter((s, i) => s.at > spreadFrom && i > 0 && s.at - samples[i - 1].at > 200);
+    assert.ok(long.length > 0, "a long window closed over the slices");
+    for (const s of long) {
       assert.ok(s.stall <= s.lag + 0.001, `spread work read as a ${(s.stall * 1000).toFixed(0)} ms stall`);
     }
     // A request arrives, then one 120 ms block: a stall of about that, whatever the tick rate.
