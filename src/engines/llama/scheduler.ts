@@ -1,9 +1,10 @@
 /**
  * The generation loop: every step decodes the next token of every generating sequence in one
  * batch, then the next prompt chunks of new requests (chunks of one length on neighbouring
- * sequences in one batch), and samples each sequence from its logits. Sequences keep what they processed, so a later prompt with the same prefix starts
- * after it; for recurrent (hybrid) models, whose state cannot be cut back, prefixes are resumed
- * from state checkpoints taken at turn boundaries.
+ * sequences in one batch), and samples each sequence from its logits. Sequences keep what they
+ * processed, so a later prompt with the same prefix starts after it; for recurrent (hybrid) models,
+ * whose state cannot be cut back, prefixes are resumed from state checkpoints taken at turn
+ * boundaries.
  */
 import type { Batch, NativeContext, NativeModel } from "./native.ts";
 import { STATE_PARTIAL_ONLY } from "./ffi.ts";
