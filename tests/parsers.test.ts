@@ -162,6 +162,14 @@ Deno.test("sampler: greedy picks the largest logit; logit bias -100 forbids a to
   assert.equal((await banned.sample(x)).token, 2);
 });
 
+Deno.test("sampler: top-k over logits that are all -Infinity still gives a token of the vocabulary", async () => {
+  const x = new Float32Array(40).fill(-Infinity);
+  for (const topK of [1, 5, 40]) {
+    const { token } = await new TokenSampler(params({ temperature: 1, topK }), x.length).sample(x);
+    assert.ok(Number.isInteger(token) && token >= 0 && token < x.length, `top-k ${topK}: ${token}`);
+  }
+});
+
 Deno.test("sampler: the same seed gives the same draws; top-k keeps the k best", async () => {
   const x = Float32Array.from({ length: 1000 }, (_, i) => Math.sin(i) * 3);
   const draw = async (seed: number, over: Partial<SamplingParams> = {}) => {

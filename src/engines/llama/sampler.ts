@@ -181,7 +181,9 @@ export class TokenSampler {
   #pick(x: Float32Array): number {
     const p = this.#params;
     if (p.temperature > 0 && p.topK > 0) {
-      return this.#pickAmong(x, this.#scratch.top(p.topK) ?? topTokens(x, p.topK, this.#above));
+      const top = this.#scratch.top(p.topK) ?? topTokens(x, p.topK, this.#above);
+      // Nothing ranks when every logit is -Infinity or NaN: the same fallback as greedy's.
+      return top.length > 0 ? this.#pickAmong(x, top) : argmax(x);
     }
     if (p.temperature <= 0) {
       // Greedy: the best token, the lowest index among equals (one pass).
