@@ -25,6 +25,7 @@ export const ConfigSchema = z.object({
   threads: z.number().int().min(1).max(1024).default(cores),
   gpu: z.enum(["auto", "cuda", "vulkan", "cpu"]).default("auto"),
   gpuLayers: z.union([z.number().int().min(0), z.literal("auto"), z.literal("max")]).optional(),
+  flashAttn: z.enum(["auto", "on", "off"]).default("auto"),
   ctxSize: z.number().int().min(256).optional(),
   parallel: z.number().int().min(1).max(256).optional(),
   maxQueue: z.number().int().min(0).default(64),
@@ -95,6 +96,12 @@ export const SETTINGS: readonly Setting[] = [
     flag: "gpu-layers",
     kind: "gpuLayers",
     help: "layers to offload: a number, auto or max",
+  },
+  {
+    key: "flashAttn",
+    flag: "flash-attn",
+    kind: "string",
+    help: "llama.cpp flash attention: auto | on | off (off: batched = alone, bit for bit, on CPU)",
   },
   {
     key: "ctxSize",

@@ -11,7 +11,7 @@ import { resolveSource } from "../src/models/sources.ts";
 import { silentLogger } from "../src/log.ts";
 import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { nativeView, openLlamaLibrary } from "../src/engines/llama/ffi.ts";
-import { Batch, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
+import { Batch, type FlashAttention, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
 import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
 import { Scheduler } from "../src/engines/llama/scheduler.ts";
 import { TokenSampler } from "../src/engines/llama/sampler.ts";
@@ -127,7 +127,7 @@ Deno.test({
 });
 
 /** A scheduler over built-in chat model `name` (4 sequences) and a greedy run of one prompt on it. */
-async function schedulerSetup(name: string) {
+async function schedulerSetup(name: string, flashAttention?: FlashAttention) {
   const { lib, path } = await nativeSetup(name);
   const model = await NativeModel.load(lib, path, 0);
   const chunk = 512;
@@ -139,6 +139,7 @@ async function schedulerSetup(name: string) {
     threads: 2,
     embeddings: false,
     kvUnified: false,
+    flashAttention,
   });
   const batch = new Batch(lib, chunk + 4);
   const scheduler = new Scheduler(model, ctx, batch, { chunk, maxCheckpoints: 4, checkpointSpacing: 256 });
@@ -154,13 +155,13 @@ async function schedulerSetup(name: string) {
     logitBias: new Map(),
   };
   /** The log-probabilities (chosen and top 3) of each token, and the decodes after the prompt's. */
-  const run = async (prompt: number[]) => {
+  const run = async (prompt: number[], maxTokens = 6) => {
     const logprobs: number[] = [];
     let decodes = 0;
     await scheduler.run({
       prompt,
       choices: [{ sampler: new TokenSampler(greedy, model.nVocab), grammar: null }],
-      maxTokens: 6,
+      maxTokens,
       logprobs: 3,
       reusePrefix: false,
       signal: new AbortController().signal,
@@ -194,7 +195,7 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
           .map((t) => model.tokenize(t, false));
         assert.ok(prompts.every((p) => p.length === prompts[0].length), "the prompts have one length");
         const before = scheduler.stats.decodes;
-        const together = await Promise.all(prompts.map(run));
+        const together = await Promise.all(prompts.map((p) => run(p)));
         const steps = Math.max(...together.map((r) => r.decodes));
         assert.equal(scheduler.stats.decodes - before, 1 + steps, "one decode for the three prompts");
         for (const [i, prompt] of prompts.entries()) {
@@ -208,6 +209,68 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
     },
   });
 }
+
+Deno.test({
+  name: "scheduler: one-token prompt chunks of long prompts run alone, and compute as alone",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { model, scheduler, run, free } = await schedulerSetup("tiny-chat");
+    try {
+      // 513 tokens: a 512-token chunk, then a one-token chunk whose sequence holds 513 KV cells.
+      // Alone, such a step can take CPU flash attention's split-KV path; in a batch of two
+      // sequences it cannot, and the first token's numbers would differ.
+      const words = ["river", "stone", "light", "bell", "town", "hour", "quiet", "field", "cloud", "north"];
+      const prompts = [3, 7].map((seed) => {
+        let s = seed;
+        const text = Array.from({ length: 700 }, () => words[(s = (s * 1103515245 + 12345) >>> 0) % 10]);
+        return model.tokenize(text.join(" "), false).slice(0, 513);
+      });
+      assert.ok(prompts.every((p) => p.length === 513), "the prompts have 513 tokens");
+      const before = scheduler.stats.decodes;
+      const together = await Promise.all(prompts.map((p) => run(p, 1)));
+      const decodes = scheduler.stats.decodes - before;
+      for (const [i, prompt] of prompts.entries()) {
+        const alone = await run(prompt, 1);
+        assert.equal(alone.logprobs.length, 4);
+        assert.deepEqual(together[i].logprobs, alone.logprobs, `prompt ${i}: the numbers of a run alone`);
+      }
+      assert.equal(decodes, 4, "two chunks each, none shared");
+    } finally {
+      free();
+    }
+  },
+});
+
+Deno.test({
+  name: "scheduler (flash attention off): long prompts decoded together give each one's numbers alone",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    // With flash attention on, a sequence decoding alone with 512 KV cells or more takes llama.cpp's
+    // split-KV path on CPU (one query row, one KV stream), which rounds otherwise than a batch.
+    const { model, scheduler, run, free } = await schedulerSetup("tiny-chat", "off");
+    try {
+      const words = ["river", "stone", "light", "bell", "town", "hour", "quiet", "field", "cloud", "north"];
+      const prompts = [5, 11].map((seed) => {
+        let s = seed;
+        const text = Array.from({ length: 500 }, () => words[(s = (s * 1103515245 + 12345) >>> 0) % 10]);
+        return model.tokenize(text.join(" "), false).slice(0, 420);
+      });
+      const before = scheduler.stats.decodes;
+      const together = await Promise.all(prompts.map((p) => run(p)));
+      const steps = Math.max(...together.map((r) => r.decodes));
+      assert.ok(scheduler.stats.decodes - before < 2 + 2 * steps - 2, "decode steps were shared");
+      for (const [i, prompt] of prompts.entries()) {
+        const alone = await run(prompt);
+        assert.ok(alone.logprobs.length >= 8, "a few decode steps");
+        assert.deepEqual(together[i].logprobs, alone.logprobs, `prompt ${i}: the numbers of a run alone`);
+      }
+    } finally {
+      free();
+    }
+  },
+});
 
 Deno.test({
   name: "scheduler: a job submitted as the last running one settles is run, not left waiting",

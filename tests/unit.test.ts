@@ -91,6 +91,16 @@ Deno.test("settings: flags beat env, env beats the config file", async () => {
   await Deno.remove(file);
 });
 
+Deno.test("settings: flash attention is auto unless set; a value outside auto|on|off names the setting", async () => {
+  assert.equal((await loadConfig([], {})).config.flashAttn, "auto");
+  assert.equal((await loadConfig(["--flash-attn", "off"], {})).config.flashAttn, "off");
+  assert.equal((await loadConfig([], { VSERVE_FLASH_ATTN: "on" })).config.flashAttn, "on");
+  await assert.rejects(
+    loadConfig(["--flash-attn", "maybe"], {}),
+    (e: Error) => e instanceof ConfigError && /flash/i.test(e.message),
+  );
+});
+
 Deno.test("settings: an unknown key in the config file is an error naming it", async () => {
   const file = await Deno.makeTempFile({ suffix: ".json" });
   await Deno.writeTextFile(file, JSON.stringify({ prot: 1 }));

@@ -60,7 +60,14 @@ export async function loadEngine(
   const llama = await llamaRuntime(config.gpu, log);
   const lib = openLlamaLibrary();
   const layers = await resolveGpuLayers(llama, path, gpuLayers);
-  report({ backend: "llama", gpu: llama.gpu || "cpu", gpu_layers: layers, threads, parallel });
+  report({
+    backend: "llama",
+    gpu: llama.gpu || "cpu",
+    gpu_layers: layers,
+    threads,
+    parallel,
+    flash_attn: config.flashAttn,
+  });
   if (spec.kind === "embedding") {
     const engine = await LlamaEmbeddingEngine.load(lib, {
       modelPath: path,
@@ -68,6 +75,7 @@ export async function loadEngine(
       threads,
       maxInputTokens: spec.maxInputTokens ?? 8192,
       pooling: spec.pooling,
+      flashAttention: config.flashAttn,
     });
     report({ dims: engine.nativeDims, pooling: engine.pooling });
     return engine;
@@ -81,6 +89,7 @@ export async function loadEngine(
     contextSize,
     toolFormat: spec.toolFormat,
     batchSequences: spec.batchSequences,
+    flashAttention: config.flashAttn,
     log,
   });
   report({

@@ -15,7 +15,7 @@ import type {
 import { EngineInputError } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { LlamaLibrary } from "./ffi.ts";
-import { Batch, NativeContext, NativeModel } from "./native.ts";
+import { Batch, type FlashAttention, NativeContext, NativeModel } from "./native.ts";
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
@@ -42,6 +42,8 @@ export interface LlamaChatOptions {
   toolFormat?: "json" | "xml";
   /** `off`: one sequence per decode; `auto`: batched unless {@link checkBatching} finds a difference. */
   batchSequences?: "auto" | "off";
+  /** llama.cpp's flash attention (default `auto`). */
+  flashAttention?: FlashAttention;
   log: Logger;
 }
 
@@ -138,6 +140,7 @@ export class LlamaChatEngine implements ChatEngine {
         nUbatch: CHUNK + parallel,
         nSeqMax: parallel,
         threads: opts.threads,
+        flashAttention: opts.flashAttention,
         embeddings: false,
         kvUnified: false,
       });

@@ -6,7 +6,7 @@
 import type { EmbeddingEngine } from "../types.ts";
 import type { LlamaLibrary } from "./ffi.ts";
 import { nativeView } from "./ffi.ts";
-import { Batch, NativeContext, NativeModel } from "./native.ts";
+import { Batch, type FlashAttention, NativeContext, NativeModel } from "./native.ts";
 
 /** How to load a GGUF embedding model. */
 export interface LlamaEmbeddingOptions {
@@ -23,6 +23,8 @@ export interface LlamaEmbeddingOptions {
   batchTokens?: number;
   /** Largest step run as one decode with outputs for every token (default: from the model's shape). */
   onePassTokens?: number;
+  /** llama.cpp's flash attention (default `auto`). */
+  flashAttention?: FlashAttention;
 }
 
 /** Counters for metrics and tests. */
@@ -129,6 +131,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         nUbatch: batchTokens,
         nSeqMax: sequences,
         threads: opts.threads,
+        flashAttention: opts.flashAttention,
         embeddings: false,
         pooling: "none",
         kvUnified: true,

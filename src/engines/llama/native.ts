@@ -198,7 +198,14 @@ export interface ContextOptions {
   pooling?: keyof typeof POOLING;
   /** One KV buffer shared by all sequences (true) or one per sequence of nCtx / nSeqMax cells. */
   kvUnified: boolean;
+  /** llama.cpp's flash attention: `auto` (its default: on where the backend has it), `on` or `off`. */
+  flashAttention?: FlashAttention;
 }
+
+/** The `flash_attn_type` values of llama.cpp's context parameters. */
+const FLASH_ATTENTION = { auto: -1, off: 0, on: 1 } as const;
+/** A flash attention setting, as {@link ContextOptions.flashAttention} takes it. */
+export type FlashAttention = keyof typeof FLASH_ATTENTION;
 
 /** A llama.cpp context: memory (KV cache / recurrent state) for several sequences. */
 export class NativeContext {
@@ -247,6 +254,7 @@ export class NativeContext {
     params[CONTEXT_PARAMS.embeddings] = opts.embeddings ? 1 : 0;
     params[CONTEXT_PARAMS.kvUnified] = opts.kvUnified ? 1 : 0;
     params[CONTEXT_PARAMS.noPerf] = 1;
+    v.setInt32(CONTEXT_PARAMS.flashAttnType, FLASH_ATTENTION[opts.flashAttention ?? "auto"], true);
     const ptr = await lib.symbols.llama_init_from_model(model.ptr, params);
     if (ptr) {
       const pool = lib.threadpool(opts.threads);

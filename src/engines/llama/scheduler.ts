@@ -473,12 +473,14 @@ export class Scheduler {
   /**
    * `c` and the chunks of `candidates` that can share its decode: the same length, on the sequences
    * next to its own (llama.cpp puts only consecutive sequence ids into one micro-batch), within
-   * `tokens` in all.
+   * `tokens` in all. A one-token chunk always runs alone: it is shaped like a decode step, and alone
+   * it can take llama.cpp's split-KV flash attention on CPU (one query row in one KV stream of 512
+   * cells or more), which rounds differently from the path of a batch of several sequences.
    */
   #sameLengthRun(c: PromptChunk, candidates: PromptChunk[], tokens: number): PromptChunk[] {
     const length = c.to - c.from;
     const alone = (o: PromptChunk) => o.r.job.onPromptLogits !== undefined || o.r.failed;
-    if (this.#opts.oneSequencePerDecode || alone(c)) return [c];
+    if (this.#opts.oneSequencePerDecode || alone(c) || length === 1) return [c];
     const bySeq = new Map<number, PromptChunk>();
     for (const o of candidates) if (o.to - o.from === length && !alone(o)) bySeq.set(o.r.slots[0].seq, o);
     const most = Math.floor(tokens / length);
