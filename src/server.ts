@@ -10,6 +10,7 @@ import {
   fromZodError,
   jsonResponse,
   modelNotFound,
+  slicedJsonResponse,
 } from "./http/errors.ts";
 import { readJsonBody } from "./http/body.ts";
 import type { ApiKey, KeyRing, RateLimiter } from "./http/auth.ts";
@@ -238,7 +239,8 @@ export function createServer(deps: ServerDeps): ServerHandler {
           ? await createEntryEmbeddings(body, engine, limits, ctx.signal, ctx.id)
           : await createEmbeddings(body, engine, limits, ctx.signal);
         ctx.promptTokens = res.usage.prompt_tokens;
-        return jsonResponse(res);
+        // Past a few dozen vectors the JSON text is serialised in slices (see slicedJsonResponse).
+        return res.data.length > 16 ? slicedJsonResponse(res, "data") : jsonResponse(res);
       },
     },
     {

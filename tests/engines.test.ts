@@ -1,7 +1,8 @@
 /**
  * Engine paths that the built-in models do not take under their default settings, exercised on
  * the generated models with real inference: a step of short embedding inputs as one decode (what
- * 0.6B-and-larger models do) must give the vectors of the two-decode path; the logits of a decode's
+ * 0.6B-and-larger models do) must give the vectors of the two-decode path, and a request cancelled
+ * between its two decodes gets no second one; the logits of a decode's
  * outputs are rows of one view of llama.cpp's buffer, not an ArrayBuffer per token (which cost a
  * garbage collection every few tokens); prompts of one length that arrive together share a decode
  * and compute exactly as alone.
@@ -13,6 +14,8 @@ import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { nativeView, openLlamaLibrary } from "../src/engines/llama/ffi.ts";
 import { Batch, type FlashAttention, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
 import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
+import { OnnxEmbeddingEngine } from "../src/engines/onnx/embedding.ts";
+import { qwen3TokenizerJsonPath } from "../src/models/qwen3_vocab.ts";
 import { Scheduler } from "../src/engines/llama/scheduler.ts";
 import { TokenSampler } from "../src/engines/llama/sampler.ts";
 
@@ -68,6 +71,108 @@ Deno.test({
     } finally {
       await apart.dispose();
       await together.dispose();
+    }
+  },
+});
+
+Deno.test({
+  name: "embeddings: a request cancelled during its body decode gets no output decode",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { lib, path: modelPath } = await nativeSetup("tiny-embed");
+    // onePassTokens 0: bodies and last tokens in two decodes, the path of long inputs.
+    const engine = await LlamaEmbeddingEngine.load(lib, {
+      modelPath,
+      gpuLayers: 0,
+      threads: 2,
+      maxInputTokens: 512,
+      onePassTokens: 0,
+    });
+    try {
+      const ids = await Promise.all(
+        ["a sentence about rivers", "another about stones"].map((t) => engine.tokenize(t)),
+      );
+      const before = engine.counters().decodes;
+      const controller = new AbortController();
+      const result = engine.embed(ids, controller.signal);
+      // The loop has started the step (admission is synchronous); its body decode runs regardless.
+      controller.abort(new Error("client left"));
+      await assert.rejects(result, /client left/);
+      assert.equal(engine.counters().decodes - before, 1, "the body decode only");
+      assert.equal(engine.counters().inputs_embedded, 0);
+      // The engine goes on serving.
+      const [vector] = await engine.embed([ids[0]]);
+      assert.equal(vector.length, engine.nativeDims);
+    } finally {
+      await engine.dispose();
+    }
+  },
+});
+
+/** The built-in ONNX embedding model on CPU, batches of at most 8 inputs. */
+async function onnxSetup() {
+  const modelPath = await resolveSource("builtin:tiny-embed-onnx", {
+    cacheDir: CACHE,
+    hubUrl: "",
+    log: silentLogger,
+  });
+  const { engine } = await OnnxEmbeddingEngine.load({
+    modelPath,
+    tokenizerPath: qwen3TokenizerJsonPath(),
+    pooling: "mean",
+    threads: 2,
+    gpu: "cpu",
+    maxBatch: 8,
+    log: silentLogger,
+  });
+  const ids = await Promise.all(
+    Array.from({ length: 64 }, (_, i) => engine.tokenize(`sentence ${i} about rivers`)),
+  );
+  return { engine, ids };
+}
+
+Deno.test({
+  name: "onnx embeddings: a request whose client left runs no further batch",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { engine, ids } = await onnxSetup();
+    try {
+      const before = engine.counters().decodes;
+      const controller = new AbortController();
+      const result = engine.embed(ids, controller.signal);
+      // The first batch of 8 is running; the other 7 must not start.
+      controller.abort(new Error("client left"));
+      await assert.rejects(result, /client left/);
+      assert.equal(engine.counters().decodes - before, 1, "one batch");
+      const [vector] = await engine.embed([ids[0]]);
+      assert.equal(vector.length, engine.nativeDims, "the engine goes on serving");
+    } finally {
+      await engine.dispose();
+    }
+  },
+});
+
+Deno.test({
+  name: "onnx embeddings: a one-input request queued behind a 64-input one is in the next batch",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { engine, ids } = await onnxSetup();
+    try {
+      let bigDone = false;
+      const big = engine.embed(ids).then((v) => (bigDone = true, v));
+      big.catch(() => {}); // awaited below
+      const [small] = await engine.embed([ids[0]]);
+      assert.equal(bigDone, false, "the small request finished first");
+      assert.equal(engine.counters().inputs_embedded, 16, "in the batch after the one running");
+      const vectors = await big;
+      assert.equal(vectors.length, 64);
+      const diff = small.reduce((m, v, d) => Math.max(m, Math.abs(v - vectors[0][d])), 0);
+      assert.ok(diff < 1e-5, `the same input gives the same vector in another batch (${diff})`);
+    } finally {
+      await engine.dispose();
     }
   },
 });
@@ -189,7 +294,7 @@ async function schedulerSetup(name: string, flashAttention?: FlashAttention) {
     ctx.free();
     model.free();
   };
-  return { model, scheduler, run, free };
+  return { model, scheduler, run, free, greedy };
 }
 
 for (const name of ["tiny-chat", "tiny-moe"]) {
@@ -265,6 +370,48 @@ Deno.test({
         assert.ok(alone.logprobs.length >= 8, "a few decode steps");
         assert.deepEqual(together[i].logprobs, alone.logprobs, `prompt ${i}: the numbers of a run alone`);
       }
+    } finally {
+      free();
+    }
+  },
+});
+
+Deno.test({
+  name: "scheduler: a prompt whose client leaves during another prompt's chunk gets no chunk of its own",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { model, scheduler, free, greedy } = await schedulerSetup("tiny-chat");
+    try {
+      // Three short prompts of three lengths: three decodes in one step, in arrival order.
+      const prompts = [5, 6, 7].map((n, i) => wordPrompt(model, i + 1, n));
+      const third = new AbortController();
+      const job = (prompt: number[], signal: AbortSignal, onPrompt = () => {}) =>
+        scheduler.run({
+          prompt,
+          choices: [{ sampler: new TokenSampler(greedy, model.nVocab), grammar: null }],
+          maxTokens: 1,
+          reusePrefix: false,
+          signal,
+          onPrompt,
+          onToken: () => true,
+          onEnd: () => {},
+        });
+      const before = scheduler.stats.promptTokensEvaluated;
+      // The first prompt's chunk done, the third one's client leaves.
+      const first = job(
+        prompts[0],
+        new AbortController().signal,
+        () => third.abort(new Error("client left")),
+      );
+      const second = job(prompts[1], new AbortController().signal);
+      const gone = assert.rejects(job(prompts[2], third.signal), /client left/);
+      await Promise.all([first, second, gone]);
+      assert.equal(
+        scheduler.stats.promptTokensEvaluated - before,
+        5 + 6,
+        "the third prompt was not evaluated",
+      );
     } finally {
       free();
     }

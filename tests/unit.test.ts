@@ -1,11 +1,11 @@
 /** Unit tests of pure logic: SSE encoding, vector maths, settings precedence, error paths. */
 import assert from "node:assert/strict";
 import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
-import { EventLoopMonitor } from "../src/event_loop.ts";
+import { EventLoopMonitor, Slicer } from "../src/event_loop.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/services/vectors.ts";
 import { Counter } from "../src/metrics.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
-import { formatPath } from "../src/http/errors.ts";
+import { formatPath, slicedJsonResponse } from "../src/http/errors.ts";
 import { constantTimeEqual, KeyRing, parseKeyFile, plainKey, RateLimiter } from "../src/http/auth.ts";
 import { createHash } from "node:crypto";
 import { parseRegistry } from "../src/registry.ts";
@@ -270,4 +270,42 @@ Deno.test("event-loop monitor: short ticks while the thread works, long ones whi
   } finally {
     monitor.stop();
   }
+});
+
+Deno.test("slicedJsonResponse: the text of JSON.stringify, in several chunks when slices are short", async () => {
+  const body = {
+    object: "list",
+    data: Array.from({ length: 50 }, (_, i) => ({ index: i, embedding: [i / 3, -i, 1e-7 * i] })),
+    model: 'a "model" \u2028 id',
+    usage: { prompt_tokens: 5 },
+  };
+  for (const [value, sliceMs] of [[body, 0], [body, 1000], [{ ...body, data: [] }, 0]] as const) {
+    const res = slicedJsonResponse(value, "data", sliceMs);
+    assert.equal(res.headers.get("content-type"), "application/json");
+    let chunks = 0;
+    let text = "";
+    const decoder = new TextDecoder();
+    for await (const chunk of res.body!) {
+      chunks++;
+      text += decoder.decode(chunk, { stream: true });
+    }
+    assert.equal(text, JSON.stringify(value));
+    if (sliceMs === 0 && value.data.length > 0) assert.ok(chunks > 10, `${chunks} chunks`);
+  }
+});
+
+Deno.test("Slicer: due once a slice is used up; a pause lets timers run and throws once the signal aborts", async () => {
+  const controller = new AbortController();
+  const slices = new Slicer(5, controller.signal);
+  assert.equal(slices.due, false);
+  const end = performance.now() + 6;
+  while (performance.now() < end) { /* a slice of work */ }
+  assert.equal(slices.due, true);
+  let fired = false;
+  setTimeout(() => (fired = true), 0);
+  await slices.pause();
+  assert.ok(fired, "a timer ran during the pause");
+  assert.equal(slices.due, false, "a new slice");
+  setTimeout(() => controller.abort(new Error("client left")), 0);
+  await assert.rejects(slices.pause(), /client left/);
 });

@@ -3,6 +3,7 @@
  * OpenAI error body `{"error":{"message","type","param","code"}}`.
  */
 import type { z } from "zod";
+import { Slicer } from "../event_loop.ts";
 
 /** The OpenAI error `type` values this server emits. */
 export type ApiErrorType =
@@ -111,6 +112,42 @@ export function jsonResponse(
     status,
     headers: { "content-type": "application/json", ...headers },
   });
+}
+
+/**
+ * A JSON response whose array `body[key]` is serialised a slice at a time (about `sliceMs` of work
+ * each, with a timer turn between slices), so a large body (2,000 vectors of 4,096 floats: 175 MB
+ * of JSON, 0.6 s of `JSON.stringify`) never holds the event loop. The text is that of
+ * `JSON.stringify(body)`.
+ *
+ * @example
+ * ```ts
+ * return slicedJsonResponse({ object: "list", data: items, model }, "data");
+ * ```
+ */
+export function slicedJsonResponse<T extends object>(body: T, key: keyof T & string, sliceMs = 10): Response {
+  const items = body[key] as unknown[];
+  const marker = `"${crypto.randomUUID()}"`;
+  const [head, tail] = JSON.stringify({ ...body, [key]: JSON.parse(marker) }).split(marker);
+  const encoder = new TextEncoder();
+  const slices = new Slicer(sliceMs);
+  let next = 0;
+  const stream = new ReadableStream<Uint8Array>({
+    async pull(controller) {
+      if (next > 0) await slices.pause();
+      let text = next === 0 ? `${head}[` : "";
+      // At least one item a slice, however short the slices.
+      const first = next;
+      for (; next < items.length && (next === first || !slices.due); next++) {
+        text += `${next > 0 ? "," : ""}${JSON.stringify(items[next])}`;
+      }
+      if (next === items.length) {
+        controller.enqueue(encoder.encode(`${text}]${tail}`));
+        controller.close();
+      } else controller.enqueue(encoder.encode(text));
+    },
+  });
+  return new Response(stream, { status: 200, headers: { "content-type": "application/json" } });
 }
 
 /** The response for an {@link ApiError}. */

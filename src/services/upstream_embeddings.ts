@@ -36,7 +36,7 @@ export async function createEntryEmbeddings(
     requestId,
   });
   const dims = checkDimensions(req.dimensions, vectors[0].length, limits);
-  return embeddingsResponse(req, vectors, dims, promptTokens);
+  return await embeddingsResponse(req, vectors, dims, promptTokens, signal);
 }
 
 /** The entries of `input` with the checks that need no tokenizer (count, empty entries). */

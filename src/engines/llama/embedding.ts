@@ -268,6 +268,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       this.#ctx.setEmbeddings(false);
       await this.#decode();
       for (const [input, end] of fedNow) input.fed = end;
+      // A request gone during that decode gets no output decode: nothing starts for it after its client left.
+      this.#dropCancelled();
     }
     const ready = this.#active.filter((i) => i.fed === i.ids.length - 1).slice(0, limit);
     if (ready.length === 0) return;

@@ -14,6 +14,7 @@
  */
 
 import { EngineInputError } from "../types.ts";
+import { Slicer } from "../../event_loop.ts";
 import { type GbnfRules, LruCache } from "./gbnf.ts";
 
 /** Thrown for a pattern the grammar cannot express; the message says what. */
@@ -800,15 +801,11 @@ function runSteps<T>(steps: Generator<void, T>): T {
 
 /** Runs a stepwise build in slices of about `sliceMs`, letting the event loop run between them. */
 async function runSliced<T>(steps: Generator<void, T>, signal?: AbortSignal, sliceMs = 3): Promise<T> {
-  let since = performance.now();
+  const slices = new Slicer(sliceMs, signal);
   for (;;) {
     const r = steps.next();
     if (r.done) return r.value;
-    if (performance.now() - since >= sliceMs) {
-      await new Promise((resolve) => setTimeout(resolve, 0));
-      signal?.throwIfAborted();
-      since = performance.now();
-    }
+    if (slices.due) await slices.pause();
   }
 }
 

@@ -254,7 +254,7 @@ export class Scheduler {
     }
   }
 
-  /** Ends jobs whose signal aborted (between steps: a decode in flight always completes). */
+  /** Ends jobs whose signal aborted (between decodes: a decode in flight always completes). */
   #dropCancelled() {
     for (const r of [...this.#waiting]) {
       if (r.job.signal.aborted) {
@@ -460,6 +460,8 @@ export class Scheduler {
     const served = new Set<Running>();
     let budget = this.#opts.chunk;
     for (const c of chunks) {
+      // A request whose client left during an earlier decode of this step gets no chunk.
+      this.#dropCancelled();
       if (c.r.failed || served.has(c.r) || budget <= 0) continue;
       const length = c.to - c.from;
       if (length > budget && budget < this.#opts.chunk) continue;
