@@ -8,6 +8,7 @@ import {
   ApiError,
   errorResponse,
   fromZodError,
+  isSlicedJson,
   jsonResponse,
   modelNotFound,
   slicedJsonResponse,
@@ -526,10 +527,12 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ms: Number((seconds * 1000).toFixed(2)),
       });
     };
-    // Streams end later: their last byte ends the request. Every other body is one string sent at once
+    // Streams (SSE, sliced JSON) end later: their last byte ends the request. Every other body is one string sent at once
     // with a content-length, which it keeps only while nobody reads `res.body` (the getter turns a
     // string body into a stream, sent chunked): look at the content type first.
-    const streaming = res.headers.get("content-type")?.startsWith("text/event-stream") && res.body !== null;
+    const streaming =
+      (res.headers.get("content-type")?.startsWith("text/event-stream") && res.body !== null) ||
+      isSlicedJson(res);
     return streaming ? withBodyEnd(res, finish) : (finish(), res);
   };
   return Object.assign(handler, { routes: routeTable });

@@ -151,6 +151,8 @@ Deno.test({
     } finally {
       await engine.dispose();
     }
+    // Unloaded, it refuses instead of leaving a request waiting.
+    await assert.rejects(engine.embed([ids[0]]), /unloaded/);
   },
 });
 

@@ -118,7 +118,7 @@ export function jsonResponse(
  * A JSON response whose array `body[key]` is serialised a slice at a time (about `sliceMs` of work
  * each, with a timer turn between slices), so a large body (2,000 vectors of 4,096 floats: 175 MB
  * of JSON, 0.6 s of `JSON.stringify`) never holds the event loop. The text is that of
- * `JSON.stringify(body)`.
+ * `JSON.stringify(body)` for plain data (items with a `toJSON` of their own get no index).
  *
  * @example
  * ```ts
@@ -139,7 +139,7 @@ export function slicedJsonResponse<T extends object>(body: T, key: keyof T & str
       // At least one item a slice, however short the slices.
       const first = next;
       for (; next < items.length && (next === first || !slices.due); next++) {
-        text += `${next > 0 ? "," : ""}${JSON.stringify(items[next])}`;
+        text += `${next > 0 ? "," : ""}${JSON.stringify(items[next]) ?? "null"}`;
       }
       if (next === items.length) {
         controller.enqueue(encoder.encode(`${text}]${tail}`));
@@ -147,7 +147,16 @@ export function slicedJsonResponse<T extends object>(body: T, key: keyof T & str
       } else controller.enqueue(encoder.encode(text));
     },
   });
-  return new Response(stream, { status: 200, headers: { "content-type": "application/json" } });
+  const res = new Response(stream, { status: 200, headers: { "content-type": "application/json" } });
+  slicedBodies.add(res);
+  return res;
+}
+
+const slicedBodies = new WeakSet<Response>();
+
+/** Whether `res` is a {@link slicedJsonResponse}: its body, like a stream's, ends after the handler. */
+export function isSlicedJson(res: Response): boolean {
+  return slicedBodies.has(res);
 }
 
 /** The response for an {@link ApiError}. */

@@ -424,7 +424,9 @@ export class Scheduler {
     decodes.sort((a, b) => a.choice.slot.seq - b.choice.slot.seq);
     const groups = this.#opts.oneSequencePerDecode ? decodes.map((d) => [d]) : [decodes];
     const batch = this.#batch;
-    for (const group of groups) {
+    for (const [i, group] of groups.entries()) {
+      // (One decode per sequence: a request whose client left during an earlier one gets none.)
+      if (i > 0) this.#dropCancelled();
       if (group.every((d) => d.running.failed)) continue;
       batch.clear();
       for (const d of group) {

@@ -56,12 +56,18 @@ class SessionClient {
       if (reply.type === "error") waiter?.reject(new Error(reply.message));
       else waiter?.resolve(reply);
     };
+    // A worker whose error went uncaught answers nothing more (every reply is sent from a try).
     this.#worker.onerror = (e: ErrorEvent) => {
       e.preventDefault();
-      this.#failed = new Error(`the onnxruntime worker failed: ${e.message}`);
-      for (const w of this.#waiting.values()) w.reject(this.#failed);
-      this.#waiting.clear();
+      this.#fail(new Error(`the onnxruntime worker failed: ${e.message}`));
     };
+  }
+
+  /** Rejects what waits and every later request with `error`. */
+  #fail(error: Error) {
+    this.#failed ??= error;
+    for (const w of this.#waiting.values()) w.reject(error);
+    this.#waiting.clear();
   }
 
   /** Sends `req`; resolves with the answer to it. */
@@ -74,19 +80,25 @@ class SessionClient {
     });
   }
 
+  /** Frees the session and ends the worker; later requests are refused, not left waiting. */
   async close(): Promise<void> {
     await this.ask({ type: "release" }).catch(() => {});
+    this.#fail(new Error("the model is unloaded"));
     this.#worker.terminate();
   }
 }
 
 interface Pending {
   ids: readonly number[];
-  /** The request it belongs to. */
-  job: object;
-  signal?: AbortSignal;
   resolve: (v: Float32Array) => void;
   reject: (e: unknown) => void;
+}
+
+/** One request's inputs; those from `next` on are still to run. */
+interface Job {
+  inputs: Pending[];
+  next: number;
+  signal?: AbortSignal;
 }
 
 /**
@@ -103,7 +115,10 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   readonly #opts: OnnxEmbeddingOptions;
   readonly #pad: number;
   readonly #eos: number;
-  readonly #queue: Pending[] = [];
+  /** Requests with inputs still to run, in arrival order. */
+  #jobs: Job[] = [];
+  /** The request the next batch starts with (round-robin over requests). */
+  #cursor = 0;
   #running = false;
   readonly #stats = { tokensEvaluated: 0, runs: 0, inputsDone: 0 };
 
@@ -158,7 +173,13 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     const pad =
       added.find((a) => a.content === (typeof padName === "string" ? padName : padName.content))?.id ?? 0;
     const engine = new OnnxEmbeddingEngine(session, tokenizer, opts, 0, vocabSize, pad);
-    const probe = await engine.#run([[pad]]);
+    let probe: Float32Array[];
+    try {
+      probe = await engine.#run([[pad]]);
+    } catch (e) {
+      await session.close();
+      throw e;
+    }
     (engine as { nativeDims: number }).nativeDims = probe[0].length;
     return { engine, provider };
   }
@@ -187,70 +208,69 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
 
   embed(sequences: readonly (readonly number[])[], signal?: AbortSignal): Promise<Float32Array[]> {
     signal?.throwIfAborted();
-    const job = {};
+    const job: Job = { inputs: [], next: 0, signal };
     const results = sequences.map((ids) =>
-      new Promise<Float32Array>((resolve, reject) => this.#queue.push({ ids, job, signal, resolve, reject }))
+      new Promise<Float32Array>((resolve, reject) => job.inputs.push({ ids, resolve, reject }))
     );
+    if (job.inputs.length > 0) this.#jobs.push(job);
     this.#drain();
     return Promise.all(results);
   }
 
   /**
-   * The next run's inputs: the waiting requests' inputs in turn (the first of each request in
-   * arrival order, then the second, ...), padded to the longest, within the size and token budgets.
+   * The next run's inputs: one from each waiting request in turn, the turn starting after the
+   * request served last, padded to the longest, within the size and token budgets. Costs the
+   * batch's size and the number of requests, not the number of queued inputs.
    */
   #nextBatch(): Pending[] {
-    const byJob = new Map<object, Pending[]>();
-    for (const p of this.#queue) {
-      const list = byJob.get(p.job);
-      if (list) list.push(p);
-      else byJob.set(p.job, [p]);
-    }
-    const lists = [...byJob.values()];
     const batch: Pending[] = [];
     let longest = 0;
-    for (let k = 0; batch.length < this.#opts.maxBatch; k++) {
-      let any = false;
-      for (const list of lists) {
-        if (k >= list.length) continue;
-        any = true;
-        const width = Math.max(longest, list[k].ids.length);
-        if (batch.length > 0 && (batch.length + 1) * width > MAX_BATCH_TOKENS) return this.#take(batch);
-        longest = width;
-        batch.push(list[k]);
-        if (batch.length === this.#opts.maxBatch) break;
+    let k = this.#cursor % this.#jobs.length;
+    for (
+      let idle = 0;
+      batch.length < this.#opts.maxBatch && idle < this.#jobs.length;
+      k = (k + 1) % this.#jobs.length
+    ) {
+      const job = this.#jobs[k];
+      if (job.next === job.inputs.length) {
+        idle++;
+        continue;
       }
-      if (!any) break;
+      const input = job.inputs[job.next];
+      const width = Math.max(longest, input.ids.length);
+      if (batch.length > 0 && (batch.length + 1) * width > MAX_BATCH_TOKENS) break;
+      idle = 0;
+      longest = width;
+      batch.push(input);
+      job.next++;
     }
-    return this.#take(batch);
-  }
-
-  /** Removes `batch` from the queue. */
-  #take(batch: Pending[]): Pending[] {
-    const taken = new Set(batch);
-    const rest = this.#queue.filter((p) => !taken.has(p));
-    this.#queue.length = 0;
-    this.#queue.push(...rest);
+    this.#cursor = k;
+    this.#removeDone();
     return batch;
   }
 
-  /** Rejects the queued inputs of requests whose client left. */
+  /** Drops requests with nothing left to run, keeping the cursor on the same request. */
+  #removeDone() {
+    const before = this.#jobs.slice(0, this.#cursor).filter((j) => j.next < j.inputs.length).length;
+    this.#jobs = this.#jobs.filter((j) => j.next < j.inputs.length);
+    this.#cursor = this.#jobs.length === 0 ? 0 : before % this.#jobs.length;
+  }
+
+  /** Rejects the inputs still to run of requests whose client left. */
   #dropCancelled() {
-    if (!this.#queue.some((p) => p.signal?.aborted)) return;
-    const rest = this.#queue.filter((p) => {
-      if (!p.signal?.aborted) return true;
-      p.reject(p.signal.reason);
-      return false;
-    });
-    this.#queue.length = 0;
-    this.#queue.push(...rest);
+    for (const job of this.#jobs) {
+      if (!job.signal?.aborted) continue;
+      for (const p of job.inputs.slice(job.next)) p.reject(job.signal.reason);
+      job.next = job.inputs.length;
+    }
+    this.#removeDone();
   }
 
   async #drain() {
     if (this.#running) return;
     this.#running = true;
     try {
-      for (this.#dropCancelled(); this.#queue.length > 0; this.#dropCancelled()) {
+      for (this.#dropCancelled(); this.#jobs.length > 0; this.#dropCancelled()) {
         const batch = this.#nextBatch();
         try {
           this.#stats.runs++;
@@ -285,7 +305,10 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
 
   /** Rejects the queued inputs, waits for the run in flight, then frees the session. */
   async dispose(): Promise<void> {
-    for (const p of this.#queue.splice(0)) p.reject(new Error("the model is unloading"));
+    for (const job of this.#jobs) {
+      for (const p of job.inputs.slice(job.next)) p.reject(new Error("the model is unloading"));
+    }
+    this.#jobs = [];
     while (this.#running) await new Promise((r) => setTimeout(r, 10));
     await this.#session.close();
   }

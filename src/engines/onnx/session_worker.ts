@@ -113,7 +113,11 @@ scope.onmessage = async (event: MessageEvent<SessionRequest>) => {
       post({ type: "error", id: req.id, message: (e as Error).message });
     }
   } else {
-    await session?.release();
+    try {
+      await session?.release();
+    } catch {
+      // Freed with the worker, which ends next.
+    }
     session = undefined;
     post({ type: "released" });
   }
