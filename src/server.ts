@@ -8,9 +8,9 @@ import {
   ApiError,
   errorResponse,
   fromZodError,
-  isSlicedJson,
   jsonResponse,
   modelNotFound,
+  onSlicedJsonEnd,
   slicedJsonResponse,
 } from "./http/errors.ts";
 import { readJsonBody } from "./http/body.ts";
@@ -241,7 +241,9 @@ export function createServer(deps: ServerDeps): ServerHandler {
           : await createEmbeddings(body, engine, limits, ctx.signal);
         ctx.promptTokens = res.usage.prompt_tokens;
         // Past a few dozen vectors the JSON text is serialised in slices (see slicedJsonResponse).
-        return res.data.length > 16 ? slicedJsonResponse(res, "data") : jsonResponse(res);
+        return res.data.length > 16
+          ? slicedJsonResponse(res, "data", { signal: ctx.signal })
+          : jsonResponse(res);
       },
     },
     {
@@ -494,7 +496,8 @@ export function createServer(deps: ServerDeps): ServerHandler {
     res.headers.set("x-content-type-options", "nosniff");
     for (const [k, v] of Object.entries(rateHeaders)) if (!res.headers.has(k)) res.headers.set(k, v);
     applyCors(req, res, deps.corsOrigins);
-    const finish = () => {
+    /** `cut`: the body ended before its end (the client left, or it failed). */
+    const finish = (cut = false) => {
       untrack?.();
       for (const f of ctx.onDone) f();
       const seconds = (performance.now() - started) / 1000;
@@ -524,15 +527,16 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ...(ctx.promptTokens !== undefined ? { prompt_tokens: ctx.promptTokens } : {}),
         ...(ctx.completionTokens !== undefined ? { completion_tokens: ctx.completionTokens } : {}),
         ...(ctx.queueWaitMs !== undefined ? { queue_wait_ms: Number(ctx.queueWaitMs.toFixed(2)) } : {}),
+        ...(cut ? { body: "cut" } : {}),
         ms: Number((seconds * 1000).toFixed(2)),
       });
     };
-    // Streams (SSE, sliced JSON) end later: their last byte ends the request. Every other body is one string sent at once
+    // Streams end later: their last byte ends the request. A sliced JSON body says when it ends; an
+    // event stream passes through a stage that notices it. Every other body is one string sent at once
     // with a content-length, which it keeps only while nobody reads `res.body` (the getter turns a
     // string body into a stream, sent chunked): look at the content type first.
-    const streaming =
-      (res.headers.get("content-type")?.startsWith("text/event-stream") && res.body !== null) ||
-      isSlicedJson(res);
+    if (onSlicedJsonEnd(res, finish)) return res;
+    const streaming = res.headers.get("content-type")?.startsWith("text/event-stream") && res.body !== null;
     return streaming ? withBodyEnd(res, finish) : (finish(), res);
   };
   return Object.assign(handler, { routes: routeTable });
@@ -551,12 +555,12 @@ function toApiError(e: unknown, signal: AbortSignal, ctx: RequestContext, log: L
   );
 }
 
-/** The same response whose body calls `done` once, when it ends, fails or is cancelled. */
-function withBodyEnd(res: Response, done: () => void): Response {
+/** The same response whose body calls `done` once, when it ends (`cut`: when it fails or is cancelled). */
+function withBodyEnd(res: Response, done: (cut: boolean) => void): Response {
   const reader = res.body!.getReader();
   let called = false;
-  const once = () => {
-    if (!called) done();
+  const once = (cut: boolean) => {
+    if (!called) done(cut);
     called = true;
   };
   const body = new ReadableStream<Uint8Array>({
@@ -565,16 +569,16 @@ function withBodyEnd(res: Response, done: () => void): Response {
         const { value, done: end } = await reader.read();
         if (end) {
           controller.close();
-          once();
+          once(false);
         } else controller.enqueue(value);
       } catch (e) {
         controller.error(e);
-        once();
+        once(true);
       }
     },
     async cancel(reason) {
       await reader.cancel(reason).catch(() => {});
-      once();
+      once(true);
     },
   });
   return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });

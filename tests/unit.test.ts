@@ -281,7 +281,7 @@ Deno.test("slicedJsonResponse: the text of JSON.stringify, in several chunks whe
   };
   const holes = { data: [1, undefined, () => 2, null], object: "list" };
   for (const [value, sliceMs] of [[body, 0], [body, 1000], [{ ...body, data: [] }, 0], [holes, 0]] as const) {
-    const res = slicedJsonResponse(value, "data", sliceMs);
+    const res = slicedJsonResponse(value, "data", { sliceMs });
     assert.equal(res.headers.get("content-type"), "application/json");
     let chunks = 0;
     let text = "";
@@ -309,4 +309,16 @@ Deno.test("Slicer: due once a slice is used up; a pause lets timers run and thro
   assert.equal(slices.due, false, "a new slice");
   setTimeout(() => controller.abort(new Error("client left")), 0);
   await assert.rejects(slices.pause(), /client left/);
+});
+
+Deno.test("slicedJsonResponse: an aborted signal fails the body instead of finishing it", async () => {
+  const controller = new AbortController();
+  const body = { data: Array.from({ length: 100 }, (_, i) => i), object: "list" };
+  const res = slicedJsonResponse(body, "data", { signal: controller.signal, sliceMs: 0 });
+  const reader = res.body!.getReader();
+  await reader.read();
+  controller.abort(new Error("drain time is over"));
+  await assert.rejects(async () => {
+    for (;;) if ((await reader.read()).done) break;
+  }, /drain time is over/);
 });

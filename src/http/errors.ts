@@ -122,19 +122,50 @@ export function jsonResponse(
  *
  * @example
  * ```ts
- * return slicedJsonResponse({ object: "list", data: items, model }, "data");
+ * return slicedJsonResponse({ object: "list", data: items, model }, "data", { signal });
  * ```
  */
-export function slicedJsonResponse<T extends object>(body: T, key: keyof T & string, sliceMs = 10): Response {
+export function slicedJsonResponse<T extends object>(
+  body: T,
+  key: keyof T & string,
+  opts: { signal?: AbortSignal; sliceMs?: number } = {},
+): Response {
   const items = body[key] as unknown[];
   const marker = `"${crypto.randomUUID()}"`;
   const [head, tail] = JSON.stringify({ ...body, [key]: JSON.parse(marker) }).split(marker);
   const encoder = new TextEncoder();
-  const slices = new Slicer(sliceMs);
+  const slices = new Slicer(opts.sliceMs ?? 10, opts.signal);
+  const ending: Ending = { ended: false, cut: false };
+  const end = (cut: boolean) => {
+    if (ending.ended) return;
+    Object.assign(ending, { ended: true, cut });
+    opts.signal?.removeEventListener("abort", onAbort);
+    ending.done?.(cut);
+  };
+  let control: ReadableStreamDefaultController<Uint8Array> | undefined;
+  // Once `signal` aborts (the client left, the drain time is over) the body fails at once, even
+  // while a slow reader holds it back: cut short, the connection closes, and the request ends.
+  const onAbort = () => {
+    try {
+      control?.error(opts.signal!.reason);
+    } catch {
+      // already closed
+    }
+    end(true);
+  };
+  opts.signal?.addEventListener("abort", onAbort, { once: true });
   let next = 0;
   const stream = new ReadableStream<Uint8Array>({
+    start(controller) {
+      control = controller;
+      if (opts.signal?.aborted) onAbort();
+    },
     async pull(controller) {
-      if (next > 0) await slices.pause();
+      try {
+        if (next > 0) await slices.pause();
+      } catch {
+        return; // aborted: onAbort failed the body
+      }
       let text = next === 0 ? `${head}[` : "";
       // At least one item a slice, however short the slices.
       const first = next;
@@ -144,19 +175,37 @@ export function slicedJsonResponse<T extends object>(body: T, key: keyof T & str
       if (next === items.length) {
         controller.enqueue(encoder.encode(`${text}]${tail}`));
         controller.close();
+        end(false);
       } else controller.enqueue(encoder.encode(text));
+    },
+    cancel() {
+      end(true);
     },
   });
   const res = new Response(stream, { status: 200, headers: { "content-type": "application/json" } });
-  slicedBodies.add(res);
+  slicedBodies.set(res, ending);
   return res;
 }
 
-const slicedBodies = new WeakSet<Response>();
+/** How a sliced body ended (`cut`: before its end), and who to tell. */
+interface Ending {
+  ended: boolean;
+  cut: boolean;
+  done?: (cut: boolean) => void;
+}
 
-/** Whether `res` is a {@link slicedJsonResponse}: its body, like a stream's, ends after the handler. */
-export function isSlicedJson(res: Response): boolean {
-  return slicedBodies.has(res);
+const slicedBodies = new WeakMap<Response, Ending>();
+
+/**
+ * When `res` is a {@link slicedJsonResponse}, calls `done` once its body ends (`cut`: failed or
+ * cancelled before its end) and returns true; false for any other response.
+ */
+export function onSlicedJsonEnd(res: Response, done: (cut: boolean) => void): boolean {
+  const ending = slicedBodies.get(res);
+  if (!ending) return false;
+  if (ending.ended) done(ending.cut);
+  else ending.done = done;
+  return true;
 }
 
 /** The response for an {@link ApiError}. */
