@@ -46,8 +46,12 @@ function upstreamTimes(logs: readonly string[], prefix: string): Map<string, num
   const times = new Map<string, number>();
   for (const line of logs) {
     if (!line.includes(prefix)) continue;
-    const entry = JSON.parse(line);
-    if (entry.msg === "request" && typeof entry.ms === "number") times.set(entry.request_id, entry.ms);
+    try {
+      const entry = JSON.parse(line);
+      if (entry.msg === "request" && typeof entry.ms === "number") times.set(entry.request_id, entry.ms);
+    } catch {
+      // not a JSON log line
+    }
   }
   return times;
 }
@@ -117,12 +121,14 @@ export async function gatewayOverhead(b: GatewayBench): Promise<void> {
     added.push(p("gateway") - p("direct"));
     await new Promise((r) => setTimeout(r, 200)); // the upstream's last log lines
     const handled = upstreamTimes(b.direct.logs, `bench-${run}-${rep}-`);
-    const outside = (side: string) =>
-      percentile(
-        [...ids[side]].filter(([id]) => handled.has(id)).map(([id, ms]) => ms - handled.get(id)!)
-          .sort((x, y) => x - y),
-        50,
-      );
+    const outside = (side: string) => {
+      const found = [...ids[side]].filter(([id]) => handled.has(id));
+      // Every call the upstream served is in its log; fewer means the ids did not reach it.
+      if (found.length < 0.9 * ids[side].size) {
+        throw new Error(`the upstream's log has ${found.length} of the ${ids[side].size} ${side} calls`);
+      }
+      return percentile(found.map(([id, ms]) => ms - handled.get(id)!).sort((x, y) => x - y), 50);
+    };
     paired.push(outside("gateway") - outside("direct"));
     b.log(`gateway: embedding latency rep ${rep + 1}/${b.reps}`);
   }

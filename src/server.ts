@@ -241,9 +241,10 @@ export function createServer(deps: ServerDeps): ServerHandler {
           : await createEmbeddings(body, engine, limits, ctx.signal);
         ctx.promptTokens = res.usage.prompt_tokens;
         // Past a few dozen vectors the JSON text is serialised in slices (see slicedJsonResponse).
-        return res.data.length > 16
-          ? slicedJsonResponse(res, "data", { signal: ctx.signal })
-          : jsonResponse(res);
+        if (res.data.length <= 16) return jsonResponse(res);
+        // (A request already cut off gets its error, not a status line and a broken body.)
+        ctx.signal.throwIfAborted();
+        return slicedJsonResponse(res, "data", { signal: ctx.signal });
       },
     },
     {

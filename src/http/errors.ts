@@ -155,12 +155,20 @@ export function slicedJsonResponse<T extends object>(
   };
   opts.signal?.addEventListener("abort", onAbort, { once: true });
   let next = 0;
+  let written = false;
+  // High-water mark 0: a slice is made when the network takes one, and the end comes with the read
+  // after the last slice, so a body is not "ended" while its last slice still waits to be sent.
   const stream = new ReadableStream<Uint8Array>({
     start(controller) {
       control = controller;
       if (opts.signal?.aborted) onAbort();
     },
     async pull(controller) {
+      if (written) {
+        controller.close();
+        end(false);
+        return;
+      }
       try {
         if (next > 0) await slices.pause();
       } catch {
@@ -174,14 +182,13 @@ export function slicedJsonResponse<T extends object>(
       }
       if (next === items.length) {
         controller.enqueue(encoder.encode(`${text}]${tail}`));
-        controller.close();
-        end(false);
+        written = true;
       } else controller.enqueue(encoder.encode(text));
     },
     cancel() {
       end(true);
     },
-  });
+  }, { highWaterMark: 0 });
   const res = new Response(stream, { status: 200, headers: { "content-type": "application/json" } });
   slicedBodies.set(res, ending);
   return res;

@@ -244,8 +244,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
       batch.push(input);
       job.next++;
     }
-    this.#cursor = k;
-    this.#removeDone();
+    this.#cursor = k; // (requests now done leave the list in #dropCancelled, before the next batch)
     return batch;
   }
 
