@@ -410,7 +410,7 @@ serverTest(
       await eventually(() => Promise.resolve(line() !== undefined), 10_000),
       "the request was logged",
     );
-    assert.equal(JSON.parse(line()!).body, "cut", line());
+    assert.equal(JSON.parse(line()!).body, "cut", line()!);
   },
 );
 
