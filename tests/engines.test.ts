@@ -28,21 +28,43 @@ async function nativeSetup(name: string) {
   return { lib: openLlamaLibrary(), path };
 }
 
+/** The built-in tiny-embed model (last-token pooling); `onePassTokens` 0: always two decodes. */
+async function tinyEmbed(onePassTokens: number) {
+  const { lib, path: modelPath } = await nativeSetup("tiny-embed");
+  return await LlamaEmbeddingEngine.load(lib, {
+    modelPath,
+    gpuLayers: 0,
+    threads: 2,
+    maxInputTokens: 512,
+    onePassTokens,
+  });
+}
+
+/**
+ * Starts `engine` on `ids`, cancels at once (its first decode or run is already under way), and
+ * checks that only `decodes` decodes ran and that the engine goes on serving.
+ */
+async function assertCancelStops(
+  engine: LlamaEmbeddingEngine | OnnxEmbeddingEngine,
+  ids: number[][],
+  decodes: number,
+) {
+  const before = engine.counters().decodes;
+  const controller = new AbortController();
+  const result = engine.embed(ids, controller.signal);
+  controller.abort(new Error("client left"));
+  await assert.rejects(result, /client left/);
+  assert.equal(engine.counters().decodes - before, decodes);
+  const [vector] = await engine.embed([ids[0]]);
+  assert.equal(vector.length, engine.nativeDims, "the engine goes on serving");
+}
+
 Deno.test({
   name: "embeddings: short inputs in one decode give the vectors of bodies and last tokens decoded apart",
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
-    const { lib, path: modelPath } = await nativeSetup("tiny-embed");
-    const load = (onePassTokens: number) =>
-      LlamaEmbeddingEngine.load(lib, {
-        modelPath,
-        gpuLayers: 0,
-        threads: 2,
-        maxInputTokens: 512,
-        onePassTokens,
-      });
-    const [apart, together] = [await load(0), await load(512)];
+    const [apart, together] = [await tinyEmbed(0), await tinyEmbed(512)];
     try {
       const texts = [
         "hello",
@@ -80,30 +102,14 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
-    const { lib, path: modelPath } = await nativeSetup("tiny-embed");
-    // onePassTokens 0: bodies and last tokens in two decodes, the path of long inputs.
-    const engine = await LlamaEmbeddingEngine.load(lib, {
-      modelPath,
-      gpuLayers: 0,
-      threads: 2,
-      maxInputTokens: 512,
-      onePassTokens: 0,
-    });
+    // Two decodes a step (the path of long inputs): the body decode runs, the output decode must not.
+    const engine = await tinyEmbed(0);
     try {
       const ids = await Promise.all(
         ["a sentence about rivers", "another about stones"].map((t) => engine.tokenize(t)),
       );
-      const before = engine.counters().decodes;
-      const controller = new AbortController();
-      const result = engine.embed(ids, controller.signal);
-      // The loop has started the step (admission is synchronous); its body decode runs regardless.
-      controller.abort(new Error("client left"));
-      await assert.rejects(result, /client left/);
-      assert.equal(engine.counters().decodes - before, 1, "the body decode only");
-      assert.equal(engine.counters().inputs_embedded, 0);
-      // The engine goes on serving.
-      const [vector] = await engine.embed([ids[0]]);
-      assert.equal(vector.length, engine.nativeDims);
+      await assertCancelStops(engine, ids, 1);
+      assert.equal(engine.counters().inputs_embedded, 1, "only the input embedded afterwards");
     } finally {
       await engine.dispose();
     }
@@ -139,15 +145,8 @@ Deno.test({
   fn: async () => {
     const { engine, ids } = await onnxSetup();
     try {
-      const before = engine.counters().decodes;
-      const controller = new AbortController();
-      const result = engine.embed(ids, controller.signal);
       // The first batch of 8 is running; the other 7 must not start.
-      controller.abort(new Error("client left"));
-      await assert.rejects(result, /client left/);
-      assert.equal(engine.counters().decodes - before, 1, "one batch");
-      const [vector] = await engine.embed([ids[0]]);
-      assert.equal(vector.length, engine.nativeDims, "the engine goes on serving");
+      await assertCancelStops(engine, ids, 1);
     } finally {
       await engine.dispose();
     }

@@ -83,14 +83,15 @@ export async function createEmbeddings(
 ): Promise<EmbeddingsResponse> {
   const dims = checkDimensions(req.dimensions, engine.nativeDims, limits);
   const sequences = await tokenizeEntries(queryEntries(req, limits), engine, limits, signal);
-  const release = limits.admitTokens?.(sequences.reduce((n, s) => n + s.length, 0));
+  const promptTokens = sequences.reduce((n, s) => n + s.length, 0);
+  const release = limits.admitTokens?.(promptTokens);
   let vectors: Float32Array[];
   try {
     vectors = await engine.embed(sequences, signal);
   } finally {
     release?.();
   }
-  return await embeddingsResponse(req, vectors, dims, sequences.reduce((n, s) => n + s.length, 0), signal);
+  return await embeddingsResponse(req, vectors, dims, promptTokens, signal);
 }
 
 /**

@@ -257,11 +257,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
 
   /** Rejects the inputs still to run of requests whose client left. */
   #dropCancelled() {
-    for (const job of this.#jobs) {
-      if (!job.signal?.aborted) continue;
-      for (const p of job.inputs.slice(job.next)) p.reject(job.signal.reason);
-      job.next = job.inputs.length;
-    }
+    for (const job of this.#jobs) if (job.signal?.aborted) rejectRest(job, job.signal.reason);
     this.#removeDone();
   }
 
@@ -304,11 +300,15 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
 
   /** Rejects the queued inputs, waits for the run in flight, then frees the session. */
   async dispose(): Promise<void> {
-    for (const job of this.#jobs) {
-      for (const p of job.inputs.slice(job.next)) p.reject(new Error("the model is unloading"));
-    }
+    for (const job of this.#jobs) rejectRest(job, new Error("the model is unloading"));
     this.#jobs = [];
     while (this.#running) await new Promise((r) => setTimeout(r, 10));
     await this.#session.close();
   }
+}
+
+/** Rejects `job`'s inputs still to run with `reason`; it has none left then. */
+function rejectRest(job: Job, reason: unknown) {
+  for (const p of job.inputs.slice(job.next)) p.reject(reason);
+  job.next = job.inputs.length;
 }
