@@ -142,28 +142,22 @@ export function slicedJsonResponse<T extends object>(
     opts.signal?.removeEventListener("abort", onAbort);
     ending.done?.(cut);
   };
-  let control: ReadableStreamDefaultController<Uint8Array> | undefined;
-  // Once `signal` aborts (the client left, the drain time is over) the body fails at once, even
-  // while a slow reader holds it back: cut short, the connection closes, and the request ends.
-  const onAbort = () => {
-    try {
-      control?.error(opts.signal!.reason);
-    } catch {
-      // already closed
-    }
-    end(true);
-  };
+  // Once `signal` aborts (the client left, the drain time or time limit is over) the request ends at
+  // once, even while a slow reader holds the body back, and nothing more is written: the body
+  // stays unfinished until the connection closes (the client's leaving, the idle-connection limit
+  // or the process's exit). Not failed: Deno.serve prints a failed body's reason to stderr.
+  const onAbort = () => end(true);
   opts.signal?.addEventListener("abort", onAbort, { once: true });
   let next = 0;
   let written = false;
   // High-water mark 0: a slice is made when the network takes one, and the end comes with the read
   // after the last slice, so a body is not "ended" while its last slice still waits to be sent.
   const stream = new ReadableStream<Uint8Array>({
-    start(controller) {
-      control = controller;
+    start() {
       if (opts.signal?.aborted) onAbort();
     },
     async pull(controller) {
+      if (ending.ended) return;
       if (written) {
         controller.close();
         end(false);
@@ -172,7 +166,7 @@ export function slicedJsonResponse<T extends object>(
       try {
         if (next > 0) await slices.pause();
       } catch {
-        return; // aborted: onAbort failed the body
+        return; // aborted: onAbort ended the request
       }
       let text = next === 0 ? `${head}[` : "";
       // At least one item a slice, however short the slices.
