@@ -498,6 +498,24 @@ serverTest("a client disconnect cancels the upstream request at once", async () 
 
 // ---- routing ----
 
+serverTest("legacy completions with a long shared prompt start keep to one upstream", async () => {
+  s1.requests.length = 0;
+  s2.requests.length = 0;
+  const prompts = Array.from({ length: 7 }, (_, i) => `Document ${i}. ${"Few-shot example. ".repeat(20)}`);
+  for (let turn = 0; turn < 3; turn++) {
+    for (const prompt of prompts) {
+      // The stand-ins have no /v1/completions: each answer is a 400, but where it went is recorded.
+      const r = await postJson(`${gw.url}/v1/completions`, { model: "gw/affinity", prompt }, KEY);
+      assert.equal(r.status, 400);
+    }
+  }
+  const where = prompts.map((p) =>
+    [s1, s2].map((s) => s.requests.filter((r) => r.body.prompt === p).length).join("/")
+  );
+  assert.ok(where.every((w) => w === "3/0" || w === "0/3"), where.join(" "));
+  assert.ok(where.includes("3/0") && where.includes("0/3"), `different prompts spread: ${where.join(" ")}`);
+});
+
 serverTest("least-outstanding routing spreads concurrent requests evenly", async () => {
   s1.requests.length = 0;
   s2.requests.length = 0;
@@ -901,14 +919,23 @@ serverTest(
       series(await metrics(), "vserve_upstream_requests_total", { model: "gw/think", outcome });
     const [failed, rejected] = [await count("failed"), await count("rejected")];
     for (const stream of [false, true]) {
-      const res = await postJson(
-        `${gw.url}/v1/completions`,
-        { model: "gw/think", prompt: "hi", stream },
-        KEY,
-      );
+      const res = await postJson(`${gw.url}/v1/completions`, {
+        model: "gw/think",
+        prompt: "hi",
+        stream,
+        repeat_penalty: 1.1,
+      }, KEY);
       assertApiError(res, 400, { code: "unsupported_for_upstream_model", param: "model" });
       assert.match(res.body.error.message, /do not offer legacy completions/);
       assert.doesNotMatch(res.body.error.message, /tokenize/);
+      const sent = s1.requests.at(-1)!;
+      assert.equal(sent.path, "/v1/completions");
+      assert.deepEqual(
+        [sent.model, sent.body.prompt, sent.body.stream, sent.body.stream_options],
+        ["think", "hi", true, { include_usage: true }],
+        "always streamed from the upstream, with usage",
+      );
+      assert.deepEqual([sent.body.repeat_penalty, sent.body.repetition_penalty], [1.1, 1.1]);
     }
     assert.equal(await count("failed"), failed, "not counted as a failure (no ejection)");
     assert.equal(await count("rejected"), rejected + 2);

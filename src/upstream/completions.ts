@@ -14,7 +14,7 @@ import type { Logger } from "../log.ts";
 import type { Completion, CompletionLogprobs, CompletionRequest } from "../protocol/completions.ts";
 import type { CompletionUsage } from "../protocol/common.ts";
 import { type Outcome, UpstreamFailure } from "./failure.ts";
-import type { Lease, Upstream, UpstreamPool } from "./pool.ts";
+import { affinityKey, type Lease, type Upstream, type UpstreamPool } from "./pool.ts";
 import { post, statusFailure } from "./wire.ts";
 
 /** What the relay needs from the server for one request. */
@@ -62,7 +62,16 @@ export async function relayCompletion(
   const routing = pool.routing;
   const id = `cmpl-${crypto.randomUUID().replaceAll("-", "")}`;
   const { model: _, stream: __, stream_options: ___, ...rest } = req;
-  const body = { ...rest, stream: true, stream_options: { include_usage: true } };
+  const body: Record<string, unknown> = { ...rest, stream: true, stream_options: { include_usage: true } };
+  // llama-server and vserve call it repeat_penalty, vLLM repetition_penalty; each ignores the other.
+  if (req.repeat_penalty != null) body.repetition_penalty = req.repeat_penalty;
+  // Prompts sharing a long start (few-shot examples, a file's head) go where that prefix is cached.
+  const first = typeof req.prompt === "string"
+    ? req.prompt
+    : typeof req.prompt[0] === "string"
+    ? req.prompt[0]
+    : "";
+  const affinity = affinityKey(first, routing.affinityPrefixChars);
   const abort = new AbortController();
   const signal = AbortSignal.any([ctx.signal, abort.signal]);
   const clientError = (e: unknown) => {
@@ -114,7 +123,7 @@ export async function relayCompletion(
     let result;
     try {
       const { value, lease } = await pool.dispatch(
-        { signal, requestId: ctx.requestId },
+        { signal, affinity, requestId: ctx.requestId },
         async (u, sig, firstByte) => {
           const s = await open(u, sig);
           firstByte();
@@ -149,7 +158,7 @@ export async function relayCompletion(
   let stream: Awaited<ReturnType<typeof open>>;
   let lease: Lease;
   try {
-    ({ value: stream, lease } = await pool.dispatch({ signal, requestId: ctx.requestId }, open));
+    ({ value: stream, lease } = await pool.dispatch({ signal, affinity, requestId: ctx.requestId }, open));
   } catch (e) {
     throw clientError(e);
   }
