@@ -23,6 +23,10 @@ import { ChatRequestSchema } from "./protocol/chat.ts";
 import type { ModelList, ModelObject } from "./protocol/models.ts";
 import { createEmbeddings, type EmbeddingLimits } from "./services/embeddings.ts";
 import { createEntryEmbeddings } from "./services/upstream_embeddings.ts";
+import { modelStatus } from "./upstream/status.ts";
+import { relayCompletion } from "./upstream/completions.ts";
+import { poolOf } from "./upstream/load.ts";
+import type { CompletionUsage } from "./protocol/common.ts";
 import { openApiDocument, type RouteInfo } from "./http/openapi.ts";
 import { type ChatContext, createChatCompletion } from "./services/chat.ts";
 import { createResponse } from "./services/responses.ts";
@@ -145,7 +149,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       created: slot.created,
       owned_by: slot.spec.owned_by,
       kind: slot.spec.kind,
-      status: slot.state,
+      status: modelStatus(slot.state, slot.engine?.upstreams?.()),
       ...(name !== slot.spec.id ? { alias_of: slot.spec.id } : {}),
       ...(slot.engine?.upstreams
         ? { upstreams: slot.engine.upstreams().map((u) => ({ name: u.name, state: u.state })) }
@@ -159,7 +163,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
     models: deps.registry.slots.map((s) => ({
       id: s.spec.id,
       kind: s.spec.kind,
-      status: s.state,
+      status: modelStatus(s.state, s.engine?.upstreams?.()),
       // The reason without file system paths: this body needs no key.
       ...(s.error ? { error: s.error.replace(/(?:\/[^\s'"/]+)+\/([^\s'"/]+)/g, "…/$1") } : {}),
       ...(s.loadSeconds !== undefined ? { load_seconds: Number(s.loadSeconds.toFixed(2)) } : {}),
@@ -197,7 +201,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       signal: ctx.signal,
       log: deps.log,
       requestId: ctx.id,
-      onStarted: () => (ctx.queueWaitMs = performance.now() - started),
+      onStarted: (at = performance.now()) => (ctx.queueWaitMs = Math.max(0, at - started)),
       onFirstToken: () =>
         deps.metrics.ttft.observe({ model: slot.spec.id }, (performance.now() - started) / 1000),
       onUsage: (u) => {
@@ -296,17 +300,21 @@ export function createServer(deps: ServerDeps): ServerHandler {
           ? 1
           : body.prompt.length;
         admit(slot, ctx, prompts * (body.n ?? 1));
-        return await createCompletion(body, engine, {
+        const completionContext = {
           created: now(),
           signal: ctx.signal,
           log: deps.log,
           requestId: ctx.id,
           systemFingerprint: slot.details.system_fingerprint as string | undefined,
-          onUsage: (u) => {
+          onUsage: (u: CompletionUsage) => {
             ctx.promptTokens = u.prompt_tokens;
             ctx.completionTokens = u.completion_tokens;
           },
-        });
+        };
+        // A model served by upstreams relays the request: the prompt's tokens are the upstream's.
+        const pool = poolOf(engine);
+        if (pool) return await relayCompletion(body, pool, completionContext);
+        return await createCompletion(body, engine, completionContext);
       },
     },
     ...["/tokenize", "/v1/tokenize"].map((path): Route => ({

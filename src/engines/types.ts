@@ -128,7 +128,18 @@ export type FinishReason = "stop" | "length" | "tool_calls";
  * text, reasoning and calls, each choice ending with `end`.
  */
 export type ChatEvent =
-  | { type: "prompt"; promptTokens: number; cachedTokens: number }
+  | {
+    type: "prompt";
+    promptTokens: number;
+    cachedTokens: number;
+    /** The serving engine's own `system_fingerprint` (a remote server's), when it gave one. */
+    systemFingerprint?: string;
+    /**
+     * `performance.now()` when the engine began the job, when that was well before this event (a
+     * remote engine sends its request long before the answer's first chunk): the end of queue wait.
+     */
+    startedAt?: number;
+  }
   /** Log-probabilities of the prompt's tokens 2…n given what precedes them (`promptLogprobs`). */
   | { type: "prompt_logprobs"; entries: TokenLogprobInfo[] }
   /** The first token was generated (visible text may come later, or never). */

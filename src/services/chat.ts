@@ -36,8 +36,8 @@ export interface ChatContext {
   requestId: string;
   /** `system_fingerprint`: the engine build and the model file's digest. */
   systemFingerprint?: string;
-  /** The engine started the job (sequences were free). */
-  onStarted?: () => void;
+  /** The engine started the job (sequences were free; a remote engine: at `startedAt`, when it sent it). */
+  onStarted?: (startedAt?: number) => void;
   /** The first token arrived. */
   onFirstToken?: () => void;
   onUsage?: (usage: CompletionUsage) => void;
@@ -94,9 +94,12 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
     } catch (e) {
       throw toError(e);
     }
-    const prompt = first.done || first.value.type !== "prompt"
-      ? { promptTokens: 0, cachedTokens: 0 }
-      : first.value;
+    const prompt: { promptTokens: number; cachedTokens: number; startedAt?: number } =
+      first.done || first.value.type !== "prompt" ? { promptTokens: 0, cachedTokens: 0 } : first.value;
+    // A remote engine's own fingerprint (the build that really answers) wins over ours.
+    if (!first.done && first.value.type === "prompt" && first.value.systemFingerprint) {
+      ctx = { ...ctx, systemFingerprint: first.value.systemFingerprint };
+    }
     return { iterator, prompt };
   };
   if (!req.stream) {
@@ -104,7 +107,7 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
     // is generated again, up to three times in all; it is never returned.
     for (let attempt = 1;; attempt++) {
       const { iterator, prompt } = await start();
-      if (attempt === 1) ctx.onStarted?.();
+      if (attempt === 1) ctx.onStarted?.(prompt.startedAt);
       const body = await collect(req, job, id, ctx, prompt, iterator, toError);
       const fault = check
         ? body.choices.map((c) => check(c.index, c.message, c.finish_reason)).find(Boolean)
@@ -120,7 +123,7 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
     }
   }
   const { iterator, prompt } = await start();
-  ctx.onStarted?.();
+  ctx.onStarted?.(prompt.startedAt);
   const chunks = streamChunks(req, job, id, ctx, prompt, iterator, abort, check);
   return { kind: "stream", chunks: logErrors(chunks, toError, ctx), toError };
 }

@@ -72,7 +72,8 @@ export function detokenize(
   engine: ChatEngine | EmbeddingEngine,
 ): { content: string; prompt: string } {
   const vocab = engine.vocabSize;
-  const bad = req.tokens.findIndex((t) => t >= vocab);
+  // An engine without a vocabulary of its own (a remote one) says itself that it cannot detokenize.
+  const bad = vocab > 0 ? req.tokens.findIndex((t) => t >= vocab) : -1;
   if (bad >= 0) {
     throw badRequest(
       `tokens[${bad}] is ${req.tokens[bad]}; this model's vocabulary has ids 0..${vocab - 1}.`,
