@@ -104,7 +104,7 @@ Deno.test("every route of the route table is documented, and nothing else", () =
     assert.ok(op.summary && op.responses["200"], `${r.method} ${r.path} has a summary and its answer`);
     if (r.method === "POST") assert.ok(op.requestBody, `${r.method} ${r.path} documents its body`);
     if (r.auth === "v1") {
-      assert.deepEqual(op.security, [{ bearerAuth: [] }]);
+      assert.deepEqual(op.security, [{ bearerAuth: [] }, { apiKeyAuth: [] }]);
       for (const s of ["400", "401", "429"]) {
         if (r.method === "POST") assert.ok(op.responses[s], `${r.method} ${r.path} documents ${s}`);
       }

@@ -216,6 +216,8 @@ interface WireChunk {
     };
     logprobs?: { content?: WireLogprob[] | null } | null;
     finish_reason?: string | null;
+    /** vLLM: the stop string (or token id) that ended the choice. */
+    stop_reason?: string | number | null;
   }[];
   usage?: {
     prompt_tokens?: number;
@@ -288,6 +290,9 @@ class ChunkReader {
           finishReason: finishReason(c.finish_reason),
           completionTokens: 0,
           reasoningTokens: 0,
+          ...(c.finish_reason === "stop" && typeof c.stop_reason === "string"
+            ? { stopSequence: c.stop_reason }
+            : {}),
         };
       }
     }
