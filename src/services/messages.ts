@@ -94,6 +94,14 @@ export function countTokens(
   defaultThinking: boolean | undefined,
 ): MessageTokensCount {
   const { chat, params } = toChatRequest({ ...req, max_tokens: 1 });
+  if (engine.upstreams) {
+    throw badRequest(
+      `The model '${req.model.slice(0, 256)}' is served by upstream servers, whose tokenizer is theirs: ` +
+        "count_tokens is not available for it.",
+      "model",
+      "unsupported_for_upstream_model",
+    );
+  }
   try {
     const job = toJob(chat, defaultThinking);
     return { input_tokens: engine.tokenize(engine.renderPrompt(job), true).length };
@@ -388,7 +396,7 @@ function renameParam(e: unknown, params: ParamMap): unknown {
   } else if (p === "max_completion_tokens") renamed = "max_tokens";
   else if (p === "stop") renamed = "stop_sequences";
   else if (p === "chat_template_kwargs.enable_thinking") renamed = "thinking";
-  if (renamed === undefined) return e;
+  renamed ??= p;
   const message = e.message.replaceAll(p, renamed)
     .replaceAll("tool_choice 'required'", "tool_choice {type:'any'}")
     .replaceAll("response_format", "output_config.format");
@@ -708,5 +716,7 @@ export function anthropicError(e: ApiError): {
     : s >= 500
     ? [s, "api_error" as const]
     : [s, "invalid_request_error" as const];
-  return { status, error: { type, message: e.message } };
+  // These bodies have no `param`: the message names the field.
+  const message = e.param && !e.message.includes(e.param) ? `${e.param}: ${e.message}` : e.message;
+  return { status, error: { type, message } };
 }
