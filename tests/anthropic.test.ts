@@ -859,6 +859,14 @@ serverTest(
     );
     const signature =
       first.events.find((e) => e.data.delta?.type === "signature_delta")!.data.delta.signature;
+    // The same request with the billing header Claude Code changes every time: the prompt is reused.
+    const again = await post({
+      ...claudeCodeRequest("cc_version=2.1.328.e4f; cc_entrypoint=sdk-cli; cch=55d10;"),
+      stream: false,
+      max_tokens: 2,
+    }, CLAUDE_CODE_HEADERS);
+    assert.equal(again.status, 200, JSON.stringify(again.body));
+    assert.ok(again.body.usage.cache_read_input_tokens > counted * 0.9, JSON.stringify(again.body.usage));
 
     // The next turn, as Claude Code writes it: the thinking block sent back, a tool_use and its
     // result, another mid-conversation system message; the billing header has changed.
