@@ -10,6 +10,7 @@ import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
 import { type Json, postJson, startServer } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
+import { startStandIn } from "./helpers/standin.ts";
 import { AnthropicErrorSchema, MessageSchema, MessageStreamEventSchema } from "../src/protocol/anthropic.ts";
 import { anthropicError } from "../src/services/messages.ts";
 import { ApiError } from "../src/http/errors.ts";
@@ -908,12 +909,19 @@ serverTest(
 serverTest(
   "a model served by upstreams serves /v1/messages through the upstream's chat completions",
   async () => {
+    const standIn = startStandIn();
     const gatewayRegistry = await writeJson({
       models: [{
         id: "gw/claude",
         kind: "chat",
         backend: "openai",
         upstreams: [{ url: `${server.url}/v1`, key: KEY, model: MODEL, name: "vserve" }],
+      }, {
+        // Its stream breaks after the first text.
+        id: "gw/cut",
+        kind: "chat",
+        backend: "openai",
+        upstreams: [{ url: standIn.url, model: "cut" }],
       }],
     });
     const gateway = await startServer(["--models", gatewayRegistry, "--api-key", "gw-key"], {
@@ -968,8 +976,30 @@ serverTest(
         { "x-api-key": "gw-key" },
       );
       await assertAnthropicError(count, 400, "invalid_request_error", "upstream");
+
+      // A failure after the first byte ends the stream with an error event (no message_stop).
+      const cut = await stream({
+        model: "gw/cut",
+        max_tokens: 50,
+        messages: [{ role: "user", content: "Hi" }],
+      }, {
+        "x-api-key": "gw-key",
+      }, gateway.url);
+      assert.equal(cut.status, 200);
+      const types = cut.events.map((e) => e.data.type);
+      assert.deepEqual(types.slice(0, 4), [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+      ]);
+      const last = cut.events.at(-1)!;
+      assert.equal(last.event, "error");
+      assert.equal(last.data.error.type, "api_error");
+      assert.ok(!types.includes("message_stop"));
     } finally {
       await gateway.stop();
+      await standIn.stop();
     }
   },
 );

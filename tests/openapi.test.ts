@@ -157,6 +157,15 @@ Deno.test("the response schemas describe what the server sends", async () => {
   const error = compile("Error");
   const notFound = await (await handler(new Request("http://localhost/nope"))).json();
   assert.ok(error(notFound), JSON.stringify(error.errors));
+  const anthropic = compile("AnthropicError");
+  const badMessage = await (await handler(
+    new Request("http://localhost/v1/messages", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: "{}",
+    }),
+  )).json();
+  assert.ok(anthropic(badMessage), JSON.stringify(anthropic.errors));
   const chunk = compile("ChatCompletionChunk");
   assert.ok(chunk({
     id: "chatcmpl-1",
