@@ -329,7 +329,7 @@ function reminder(text: string): string {
 }
 
 function toolResultText(
-  content: Extract<ContentBlockParamOf<"tool_result">, { type: "tool_result" }>["content"],
+  content: ContentBlockParamOf<"tool_result">["content"],
   at: string,
   referenced: Set<string>,
 ): string {
