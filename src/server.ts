@@ -41,6 +41,8 @@ import {
 import { VERSION_INFO } from "./version.ts";
 import type { z } from "zod";
 import type { ConnectionWatch } from "./http/connections.ts";
+import { CountTokensRequestSchema, MessagesRequestSchema } from "./protocol/anthropic.ts";
+import { anthropicErrorResponse, postCountTokens, postMessages } from "./routes/messages.ts";
 
 /** Shutdown state shared with `main.ts`. */
 export interface Lifecycle {
@@ -105,6 +107,8 @@ interface Route {
   /** `v1`: a key always; `ops`: per --ops-auth; `open`: never. */
   auth: "v1" | "ops" | "open";
   handler: Handler;
+  /** The route's error body, when it is not OpenAI's. */
+  errors?: (e: ApiError, requestId: string) => Response;
 }
 
 /**
@@ -272,6 +276,30 @@ export function createServer(deps: ServerDeps): ServerHandler {
         return await createResponse(body, engine, chatContext(slot, ctx));
       },
     },
+    {
+      method: "POST",
+      path: "/v1/messages",
+      auth: "v1",
+      errors: anthropicErrorResponse,
+      handler: async (req, ctx) => {
+        const body = await parse(req, MessagesRequestSchema);
+        const { slot, engine } = chatEngine(body.model, ctx);
+        return await postMessages(body, engine, chatContext(slot, ctx));
+      },
+    },
+    {
+      method: "POST",
+      path: "/v1/messages/count_tokens",
+      auth: "v1",
+      errors: anthropicErrorResponse,
+      handler: async (req, ctx) => {
+        const body = await parse(req, CountTokensRequestSchema);
+        ctx.model = body.model;
+        allowedSlot(body.model, ctx.key);
+        const { slot, engine } = deps.registry.engine(body.model, "chat");
+        return postCountTokens(body, engine, slot.spec.thinking, ctx.id);
+      },
+    },
     ...["GET", "DELETE"].map((method): Route => ({
       method,
       path: "/v1/responses/",
@@ -350,6 +378,20 @@ export function createServer(deps: ServerDeps): ServerHandler {
       path: "/version",
       auth: "open",
       handler: () => jsonResponse(VERSION_INFO),
+    },
+    // Clients probe the base URL (Claude Code sends `HEAD /` first).
+    {
+      method: "GET",
+      path: "/",
+      auth: "open",
+      handler: () =>
+        jsonResponse({ name: VERSION_INFO.name, version: VERSION_INFO.version, openapi: "/openapi.json" }),
+    },
+    {
+      method: "HEAD",
+      path: "/",
+      auth: "open",
+      handler: () => new Response(null, { headers: { "content-type": "application/json" } }),
     },
     {
       method: "GET",
@@ -493,13 +535,15 @@ export function createServer(deps: ServerDeps): ServerHandler {
           throw abortedError(new DOMException("shutting down", "ShutdownError"));
         }
         if (r.auth === "v1" || (r.auth === "ops" && deps.opsNeedKey)) {
-          ctx.key = deps.keys.authorize(req.headers.get("authorization"));
+          ctx.key = deps.keys.authorize(req.headers.get("authorization"), req.headers.get("x-api-key"));
         }
         if (r.auth === "v1") rateHeaders = deps.limiter.admit(ctx.key);
         res = await r.handler(req, ctx, match);
       }
     } catch (e) {
-      res = errorResponse(toApiError(e, signal, ctx, deps.log));
+      const error = toApiError(e, signal, ctx, deps.log);
+      const shape = routes.find((r) => r.errors && r.path === url.pathname)?.errors;
+      res = shape ? shape(error, ctx.id) : errorResponse(error);
     }
     res.headers.set("x-request-id", ctx.id);
     res.headers.set("x-content-type-options", "nosniff");

@@ -536,6 +536,8 @@ class ChoiceOutput {
   #tokens = 0;
   #reasoningTokens = 0;
   #ended = false;
+  /** The stop sequence that ended the choice. */
+  #stopSequence?: string;
   #pendingLogprobs: TokenLogprobInfo[] = [];
 
   constructor(
@@ -557,7 +559,8 @@ class ChoiceOutput {
     if (wasReasoning) this.#reasoningTokens++;
     if (logprob) this.#pendingLogprobs.push(this.#logprobInfo(logprob));
     const text = this.#decoder.decode(this.engine.piece(token), { stream: true });
-    const { text: safe, stopped } = this.#stops.push(text);
+    const { text: safe, stopped, matched } = this.#stops.push(text);
+    if (matched !== undefined) this.#stopSequence = matched;
     this.#parse(safe);
     return !stopped;
   }
@@ -579,6 +582,7 @@ class ChoiceOutput {
       finishReason,
       completionTokens: this.#tokens,
       reasoningTokens: this.#reasoningTokens,
+      ...(cause === "stop" && this.#stopSequence !== undefined ? { stopSequence: this.#stopSequence } : {}),
     });
   }
 
