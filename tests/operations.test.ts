@@ -5,12 +5,16 @@
 import assert from "node:assert/strict";
 import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { startStandIn } from "./helpers/standin.ts";
+import { poll } from "./helpers/poll.ts";
 
 const KEY = "test-key";
 const CHAT = "Vendor/Vendor3.6-35B-A3B";
 const EMBED = "Vendor/Vendor3-Embedding-8B";
 const auth = { authorization: `Bearer ${KEY}`, "content-type": "application/json" };
 const user = [{ role: "user", content: "Go on" }];
+/** The chat models' end tokens banned: a generation runs to its max_tokens. */
+const NO_END = { "151643": -100, "151645": -100 };
 
 async function withServer(args: string[], fn: (s: TestServer) => Promise<void>, waitReady = true) {
   const server = await startServer(["--api-key", KEY, ...args], { waitReady });
@@ -27,26 +31,56 @@ async function readSse(res: Response): Promise<string[]> {
 }
 
 serverTest("readiness is 503 while models load, /v1 answers 503 with Retry-After, then 200", async () => {
-  await withServer([], async (server) => {
-    const early = await fetch(`${server.url}/health/ready`);
-    const earlyBody = await early.json();
-    assert.equal(early.status, 503);
-    assert.equal(earlyBody.ready, false);
-    assert.equal((await fetch(`${server.url}/health`)).status, 200, "liveness is 200 while loading");
-    const chat = await postJson(`${server.url}/v1/chat/completions`, { model: CHAT, messages: user }, KEY);
-    if (chat.status === 503) {
+  // A model that stays loading until the test lets it: its upstream holds the load's health check.
+  const upstream = startStandIn();
+  const release = upstream.holdHealth();
+  const registry = await Deno.makeTempFile({ suffix: ".json" });
+  await Deno.writeTextFile(
+    registry,
+    JSON.stringify({
+      models: [{
+        id: "gated",
+        kind: "chat",
+        backend: "openai",
+        upstreams: [{ url: upstream.url, model: "ok" }],
+        routing: { healthTimeoutMs: 600_000 },
+      }],
+    }),
+  );
+  try {
+    await withServer(["--models", registry], async (server) => {
+      // (Released at the end whatever happens: a server stopped while it loads waits for the load.)
+      using _ = { [Symbol.dispose]: release };
+      const early = await fetch(`${server.url}/health/ready`);
+      assert.equal(early.status, 503);
+      assert.equal((await early.json()).ready, false);
+      assert.equal((await fetch(`${server.url}/health`)).status, 200, "liveness is 200 while loading");
+      const chat = await postJson(
+        `${server.url}/v1/chat/completions`,
+        { model: "gated", messages: user },
+        KEY,
+      );
       assertApiError(chat, 503, { code: "model_loading" });
       assert.ok(Number(chat.headers.get("retry-after")) > 0);
-    }
-    const deadline = Date.now() + 60_000;
-    let ready: Response;
-    while ((ready = await fetch(`${server.url}/health/ready`)).status !== 200) {
-      await ready.body?.cancel();
-      assert.ok(Date.now() < deadline, "models load");
-      await new Promise((r) => setTimeout(r, 100));
-    }
-    assert.equal((await ready.json()).ready, true);
-  }, false);
+      release();
+      const ready = await poll("the model loaded", async () => {
+        const res = await fetch(`${server.url}/health/ready`);
+        const body = await res.json();
+        return res.status === 200 && body;
+      });
+      assert.equal(ready.ready, true);
+      const served = await postJson(
+        `${server.url}/v1/chat/completions`,
+        { model: "gated", messages: user },
+        KEY,
+      );
+      assert.equal(served.status, 200, JSON.stringify(served.body));
+    }, false);
+  } finally {
+    release();
+    await upstream.stop();
+    await Deno.remove(registry);
+  }
 });
 
 serverTest("a model that fails to load is reported in /health with its reason, and answers 503", async () => {
@@ -143,10 +177,12 @@ serverTest(
 
 serverTest("the request time limit answers 504 and frees the slot", async () => {
   await withServer(["--parallel", "1", "--request-timeout-ms", "1500"], async (server) => {
+    // The end tokens banned: 20,000 tokens cannot be done within the limit, on any machine.
     const slow = await postJson(`${server.url}/v1/chat/completions`, {
       model: CHAT,
       messages: user,
       max_tokens: 20000,
+      logit_bias: NO_END,
     }, KEY);
     assertApiError(slow, 504, { type: "timeout_error", code: "timeout" });
     const next = await postJson(`${server.url}/v1/chat/completions`, {

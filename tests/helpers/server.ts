@@ -72,7 +72,9 @@ export async function startServer(
     await pumps;
     return s.code;
   });
-  const timeoutMs = opts.timeoutMs ?? 120_000;
+  // A guard against a hang, not a bound on speed: a loaded 2-core machine has taken over two minutes
+  // to load the built-in models.
+  const timeoutMs = opts.timeoutMs ?? 600_000;
   let timer: ReturnType<typeof setTimeout> | undefined;
   const url = await Promise.race([
     urlPromise,
