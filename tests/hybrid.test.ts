@@ -8,6 +8,9 @@
 import assert from "node:assert/strict";
 import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { postStream } from "./helpers/sse.ts";
+import { engineCounter } from "./helpers/metrics.ts";
+import { poll } from "./helpers/poll.ts";
 
 const KEY = "test-key";
 const MODEL = "Vendor/Vendor3.6-35B-A3B";
@@ -71,11 +74,7 @@ async function reference(body: Record<string, unknown>) {
   return (await ask(cold, { ...body, cache_prompt: false })).choices[0].message.content as string;
 }
 
-async function counter(server: TestServer, name: string): Promise<number> {
-  const text = await (await fetch(`${server.url}/metrics`)).text();
-  const line = text.split("\n").find((l) => l.startsWith(`vserve_engine_${name}_total{model="${MODEL}"}`));
-  return Number(line?.split(" ").at(-1) ?? 0);
-}
+const counter = (server: TestServer, name: string) => engineCounter(server.url, name, MODEL);
 
 serverTest(
   "hybrid: a shared long prefix, then diverging requests, reuse the prefix and match cold runs",
@@ -114,9 +113,11 @@ serverTest(
       signal: abort.signal,
     }).then((r) => r.text()).catch(() => "aborted");
     // Cancel while the prompt is still being processed (512 tokens a step).
-    for (let i = 0; i < 200 && (await counter(single, "prompt_tokens_evaluated")) - evaluated < 512; i++) {
-      await new Promise((r) => setTimeout(r, 5));
-    }
+    await poll(
+      "the first prompt chunk was evaluated",
+      async () => (await counter(single, "prompt_tokens_evaluated")) - evaluated >= 512,
+      { everyMs: 5 },
+    );
     abort.abort();
     await pending;
     const done = (await counter(single, "prompt_tokens_evaluated")) - evaluated;
@@ -148,14 +149,8 @@ for (const model of [MODEL, DENSE, PER_SEQUENCE]) {
         }),
     );
     const streamed = await Promise.all(bodies.map(async (body) => {
-      const res = await fetch(`${live.url}/v1/chat/completions`, {
-        method: "POST",
-        headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
-        body: JSON.stringify({ ...body, stream: true }),
-      });
-      const text = await res.text();
-      return text.split("\n\n").filter((e) => e.startsWith("data: {")).map((e) => JSON.parse(e.slice(6)))
-        .map((c) => c.choices[0]?.delta?.content ?? "").join("");
+      const { data } = await postStream(`${live.url}/v1/chat/completions`, body, { key: KEY });
+      return data.filter((c) => c !== "[DONE]").map((c) => c.choices[0]?.delta?.content ?? "").join("");
     }));
     for (let i = 0; i < bodies.length; i++) {
       assert.equal(streamed[i], await reference(bodies[i]), `stream ${i}`);
@@ -190,13 +185,8 @@ serverTest(
     assert.ok(m.reasoning_content.trim().length > 0, "greedy reasoning is visible");
     assert.equal(m.content, "");
     assert.equal(plain.usage.completion_tokens_details.reasoning_tokens, 16);
-    const res = await fetch(`${live.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
-      body: JSON.stringify({ ...body, stream: true }),
-    });
-    const deltas = (await res.text()).split("\n\n").filter((e) => e.startsWith("data: {"))
-      .map((e) => JSON.parse(e.slice(6)).choices[0]?.delta ?? {});
+    const { data } = await postStream(`${live.url}/v1/chat/completions`, body, { key: KEY });
+    const deltas = data.filter((c) => c !== "[DONE]").map((c) => c.choices[0]?.delta ?? {});
     assert.equal(deltas.map((d: Json) => d.reasoning_content ?? "").join(""), m.reasoning_content);
     assert.equal(deltas.map((d: Json) => d.content ?? "").join(""), "");
     const off = await ask(live, { ...body, chat_template_kwargs: { enable_thinking: false } });

@@ -42,6 +42,11 @@ export class MetricsScrape {
       ?.value;
   }
 
+  /** A counter's value: 0 when the series is absent (a labelled counter appears on its first increment). */
+  counter(name: string, labels: Record<string, string> = {}): number {
+    return this.find(name, labels) ?? 0;
+  }
+
   /** {@link find}, but a missing series fails the test (it is not read as 0). */
   value(name: string, labels: Record<string, string> = {}): number {
     const v = this.find(name, labels);
