@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
-import { type Json, postJson, startServer } from "./helpers/server.ts";
+import { type Json, postJson, startServer, writeJsonFile } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
 import { startStandIn } from "./helpers/standin.ts";
 import { postStream, SseReader } from "./helpers/sse.ts";
@@ -21,14 +21,8 @@ import { ApiError } from "../src/http/errors.ts";
 const KEY = "test-key";
 const MODEL = "Vendor/Vendor3.6-35B-A3B";
 
-async function writeJson(value: unknown): Promise<string> {
-  const path = await Deno.makeTempFile({ suffix: ".json" });
-  await Deno.writeTextFile(path, JSON.stringify(value));
-  return path;
-}
-
 // Two sequences and no queue: a third request at once is shed (529), and a leaked sequence would show.
-const registry = await writeJson({
+const registry = await writeJsonFile({
   models: [{ id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 32768, parallel: 2 }],
 });
 const server = await startServer(
@@ -899,7 +893,7 @@ serverTest(
   "a model served by upstreams serves /v1/messages through the upstream's chat completions",
   async () => {
     const standIn = startStandIn();
-    const gatewayRegistry = await writeJson({
+    const gatewayRegistry = await writeJsonFile({
       models: [{
         id: "gw/claude",
         kind: "chat",

@@ -6,7 +6,7 @@
  * and the spec embedding model's dimensions.
  */
 import assert from "node:assert/strict";
-import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { type Json, postJson, startServer, type TestServer, writeJsonFile } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { postStream } from "./helpers/sse.ts";
 import { engineCounter } from "./helpers/metrics.ts";
@@ -17,25 +17,21 @@ const MODEL = "Vendor/Vendor3.6-35B-A3B";
 /** The dense Qwen3 stand-in: batches several prompts at once, and must be just as exact. */
 const DENSE = "vserve/tiny-chat";
 const PER_SEQUENCE = "test/tiny-moe-per-sequence";
-const registry = await Deno.makeTempFile({ suffix: ".json" });
-await Deno.writeTextFile(
-  registry,
-  JSON.stringify({
-    models: [
-      { id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 4096, parallel: 8 },
-      { id: DENSE, kind: "chat", source: "builtin:tiny-chat", contextSize: 4096, parallel: 8 },
-      // The same hybrid model decoding one sequence at a time (what a failed batching check selects).
-      {
-        id: PER_SEQUENCE,
-        kind: "chat",
-        source: "builtin:tiny-moe",
-        contextSize: 4096,
-        parallel: 8,
-        batchSequences: "off",
-      },
-    ],
-  }),
-);
+const registry = await writeJsonFile({
+  models: [
+    { id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 4096, parallel: 8 },
+    { id: DENSE, kind: "chat", source: "builtin:tiny-chat", contextSize: 4096, parallel: 8 },
+    // The same hybrid model decoding one sequence at a time (what a failed batching check selects).
+    {
+      id: PER_SEQUENCE,
+      kind: "chat",
+      source: "builtin:tiny-moe",
+      contextSize: 4096,
+      parallel: 8,
+      batchSequences: "off",
+    },
+  ],
+});
 const start = (...args: string[]) =>
   startServer(["--api-key", KEY, "--models", registry, ...args], { waitReady: true });
 // `live` serves everything concurrently with prompt reuse; `cold` answers one request at a time,

@@ -3,7 +3,7 @@
  * time limits, graceful shutdown, and a reliability drill of adversarial requests.
  */
 import assert from "node:assert/strict";
-import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { type Json, postJson, startServer, type TestServer, writeJsonFile } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { startStandIn } from "./helpers/standin.ts";
 import { poll } from "./helpers/poll.ts";
@@ -31,19 +31,15 @@ serverTest("readiness is 503 while models load, /v1 answers 503 with Retry-After
   // A model that stays loading until the test lets it: its upstream holds the load's health check.
   const upstream = startStandIn();
   const release = upstream.holdHealth();
-  const registry = await Deno.makeTempFile({ suffix: ".json" });
-  await Deno.writeTextFile(
-    registry,
-    JSON.stringify({
-      models: [{
-        id: "gated",
-        kind: "chat",
-        backend: "openai",
-        upstreams: [{ url: upstream.url, model: "ok" }],
-        routing: { healthTimeoutMs: 600_000 },
-      }],
-    }),
-  );
+  const registry = await writeJsonFile({
+    models: [{
+      id: "gated",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: upstream.url, model: "ok" }],
+      routing: { healthTimeoutMs: 600_000 },
+    }],
+  });
   try {
     await withServer(["--models", registry], async (server) => {
       // (Released at the end whatever happens: a server stopped while it loads waits for the load.)

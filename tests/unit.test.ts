@@ -298,7 +298,10 @@ Deno.test("threadClock: the thread's CPU time grows as it works; its timers fire
     const order: string[] = [];
     const cancelled = clock.schedule(() => order.push("cancelled"), 0);
     cancelled();
+    // (Its timers do not keep the process alive: this one does, meanwhile.)
+    const alive = setTimeout(() => {}, 60_000);
     await new Promise<void>((r) => clock.schedule(() => (order.push("fired"), r()), 1));
+    clearTimeout(alive);
     assert.deepEqual(order, ["fired"]);
   } finally {
     clock.close();

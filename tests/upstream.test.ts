@@ -3,7 +3,7 @@
  * front of real vserve processes and fault-injecting stand-ins, all on loopback.
  */
 import assert from "node:assert/strict";
-import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { type Json, postJson, startServer, type TestServer, writeJsonFile } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { standInVector, startBlackHole, startStandIn } from "./helpers/standin.ts";
 import { postStream } from "./helpers/sse.ts";
@@ -15,16 +15,10 @@ const KEY = "gw-key";
 const UP_KEY = "up-key";
 const user = [{ role: "user", content: "Say something" }];
 
-async function writeJson(value: unknown): Promise<string> {
-  const path = await Deno.makeTempFile({ suffix: ".json" });
-  await Deno.writeTextFile(path, JSON.stringify(value));
-  return path;
-}
-
 // ---- the upstreams: two vserve processes on the built-in tiny models, four stand-ins ----
 
 const upstreamRegistry = (embed: boolean) =>
-  writeJson({
+  writeJsonFile({
     models: [
       { id: "vserve/tiny-chat", kind: "chat", source: "builtin:tiny-chat", contextSize: 4096, parallel: 4 },
       ...(embed ? [{ id: "vserve/tiny-embed", kind: "embedding", source: "builtin:tiny-embed" }] : []),
@@ -41,7 +35,7 @@ const [s1, s2, s3, s4, s5] = [startStandIn(), startStandIn(), startStandIn(), st
 const hole = await startBlackHole();
 
 const fast = { connectTimeoutMs: 200, firstByteTimeoutMs: 400 };
-const gatewayRegistry = await writeJson({
+const gatewayRegistry = await writeJsonFile({
   models: [
     {
       id: "gw/chat",
@@ -989,7 +983,7 @@ serverTest(
 );
 
 serverTest("SIGTERM lets an upstream stream finish", async () => {
-  const registry = await writeJson({
+  const registry = await writeJsonFile({
     models: [{
       id: "gw/slowish",
       kind: "chat",

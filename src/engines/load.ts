@@ -11,6 +11,7 @@ import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
 import { openUpstreamEngine } from "../upstream/load.ts";
+import { VERSION_INFO } from "../version.ts";
 
 /**
  * Loads the engine for `spec`; server-wide settings (threads, gpu, ctx size, parallel) override
@@ -34,7 +35,9 @@ export async function loadEngine(
   report({
     system_fingerprint: await modelFingerprint(
       path,
-      spec.backend === "onnx" ? "onnxruntime-1.30.0" : "llamacpp-v0.4.0",
+      spec.backend === "onnx"
+        ? `onnxruntime-${VERSION_INFO.engines["onnxruntime-node"]}`
+        : `llamacpp-${VERSION_INFO.engines["llama.cpp"]}`,
     ),
   });
   const threads = engineThreads(spec.threads ?? config.threads);

@@ -117,6 +117,22 @@ export async function startServer(
   return server;
 }
 
+/**
+ * Writes `value` as JSON to a new temporary file and returns its path (a `--models` registry, a
+ * config file).
+ *
+ * @example
+ * ```ts ignore
+ * const registry = await writeJsonFile({ models: [{ id: "m", kind: "chat", source: "builtin:tiny-chat" }] });
+ * const server = await startServer(["--models", registry]);
+ * ```
+ */
+export async function writeJsonFile(value: unknown): Promise<string> {
+  const path = await Deno.makeTempFile({ suffix: ".json" });
+  await Deno.writeTextFile(path, JSON.stringify(value));
+  return path;
+}
+
 /** Runs `main.ts` with `args` to completion (for start-up failures); returns code and output. */
 export async function runMain(args: string[], env: Record<string, string> = {}) {
   const out = await new Deno.Command(Deno.execPath(), {
