@@ -191,10 +191,11 @@ export class EventLoopMonitor {
  *
  * @example
  * ```ts
- * const slices = new Slicer(10, signal);
- * for (const text of texts) {
+ * const slices = new Slicer(10);
+ * const lengths: number[] = [];
+ * for (const text of ["many", "texts"]) {
  *   if (slices.due) await slices.pause();
- *   ids.push(tokenize(text));
+ *   lengths.push(text.length);
  * }
  * ```
  */

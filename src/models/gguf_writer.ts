@@ -170,7 +170,9 @@ function produceChunk(t: TensorSpec, start: number, count: number): Uint8Array {
  *
  * @example
  * ```ts
- * await writeGguf("m.gguf", { "general.architecture": { type: "string", value: "qwen3" } }, tensors);
+ * async function write(tensors: TensorSpec[]) {
+ *   await writeGguf("m.gguf", { "general.architecture": { type: "string", value: "qwen3" } }, tensors);
+ * }
  * ```
  */
 export async function writeGguf(

@@ -59,6 +59,7 @@ const INT8_STD = Math.sqrt((127 * 128) / 3);
  *
  * @example
  * ```ts
+ * import type { TensorSpec } from "./gguf_writer.ts";
  * const t: TensorSpec = { name: "w", dims: [64, 8], type: "Q8_0", encode: q8Noise(1, "w", 0.1, 64) };
  * ```
  */

@@ -18,7 +18,12 @@ const PING = sseData({ type: "ping" }, "ping");
  *
  * @example
  * ```ts
- * return await postMessages(body, engine, chatContext(slot, ctx));
+ * import type { MessagesRequest } from "../protocol/anthropic.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { ChatContext } from "../services/chat.ts";
+ * async function answer(body: MessagesRequest, engine: ChatEngine, ctx: ChatContext) {
+ *   return await postMessages(body, engine, ctx);
+ * }
  * ```
  */
 export async function postMessages(
@@ -38,7 +43,11 @@ export async function postMessages(
  *
  * @example
  * ```ts
- * return postCountTokens(body, engine, slot.spec.thinking, ctx.id);
+ * import type { CountTokensRequest } from "../protocol/anthropic.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * function count(body: CountTokensRequest, engine: ChatEngine) {
+ *   return postCountTokens(body, engine, undefined, "req-1");
+ * }
  * ```
  */
 export function postCountTokens(
@@ -55,7 +64,8 @@ export function postCountTokens(
  *
  * @example
  * ```ts
- * anthropicErrorResponse(new ApiError(401, "authentication_error", "No API key"), "req-1");
+ * import { ApiError } from "../http/errors.ts";
+ * anthropicErrorResponse(new ApiError(401, "authentication_error", "No API key"), "req-1").status; // 401
  * ```
  */
 export function anthropicErrorResponse(e: ApiError, requestId: string): Response {

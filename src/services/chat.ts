@@ -50,7 +50,11 @@ export interface ChatContext {
  *
  * @example
  * ```ts
- * const res = await createChatCompletion(body, engine, ctx);
+ * import type { ChatRequest } from "../protocol/chat.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * async function answer(body: ChatRequest, engine: ChatEngine, ctx: ChatContext) {
+ *   return await createChatCompletion(body, engine, ctx);
+ * }
  * ```
  */
 export async function createChatCompletion(

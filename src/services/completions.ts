@@ -54,7 +54,11 @@ class LegacyLogprobs {
  *
  * @example
  * ```ts
- * const res = await createCompletion(body, engine, ctx);
+ * import type { CompletionRequest } from "../protocol/completions.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * async function answer(body: CompletionRequest, engine: ChatEngine, ctx: CompletionContext) {
+ *   return await createCompletion(body, engine, ctx);
+ * }
  * ```
  */
 export async function createCompletion(

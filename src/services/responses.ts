@@ -29,7 +29,12 @@ import { type ChatContext, runChat } from "./chat.ts";
  *
  * @example
  * ```ts
- * const res = await createResponse(body, engine, ctx);
+ * import type { ResponsesRequest } from "../protocol/responses.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { ChatContext } from "./chat.ts";
+ * async function answer(body: ResponsesRequest, engine: ChatEngine, ctx: ChatContext) {
+ *   return await createResponse(body, engine, ctx);
+ * }
  * ```
  */
 export async function createResponse(
@@ -379,7 +384,10 @@ function fromCompletion(base: Base, completion: ChatCompletion): ResponseObject 
  *
  * @example
  * ```ts
- * for await (const e of streamEvents(base, run.chunks, toError)) send(e);
+ * import type { ChatChunk } from "../protocol/chat.ts";
+ * async function relay(base: Base, chunks: AsyncGenerator<ChatChunk>, send: (event: unknown) => void) {
+ *   for await (const e of streamEvents(base, chunks, (e) => e)) send(e);
+ * }
  * ```
  */
 export async function* streamEvents(

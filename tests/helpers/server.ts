@@ -26,9 +26,12 @@ export interface TestServer {
  *
  * @example
  * ```ts
- * const server = await startServer(["--api-key", "k"]);
- * await fetch(`${server.url}/health`);
- * await server.stop();
+ * async function healthOfAKeyedServer() {
+ *   const server = await startServer(["--api-key", "k"], { waitReady: true });
+ *   const health = await (await fetch(`${server.url}/health`)).json();
+ *   await server.stop();
+ *   return health;
+ * }
  * ```
  */
 export async function startServer(

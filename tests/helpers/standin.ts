@@ -251,7 +251,8 @@ export interface BlackHole {
  * @example
  * ```ts
  * const hole = await startBlackHole();
- * await Deno.connect({ hostname: "127.0.0.1", port: hole.port, signal: AbortSignal.timeout(500) }); // throws
+ * const connect = Deno.connect({ hostname: "127.0.0.1", port: hole.port, signal: AbortSignal.timeout(500) });
+ * await connect.then((c) => c.close(), (e) => e.name); // "TimeoutError"
  * hole.close();
  * ```
  */

@@ -48,7 +48,10 @@ export class NativeModel {
    *
    * @example
    * ```ts
-   * const model = await NativeModel.load(lib, "model.gguf", 0);
+   * import type { LlamaLibrary } from "./ffi.ts";
+   * async function open(lib: LlamaLibrary) {
+   *   return await NativeModel.load(lib, "model.gguf", 0);
+   * }
    * ```
    */
   static async load(lib: LlamaLibrary, path: string, gpuLayers: number): Promise<NativeModel> {
@@ -237,7 +240,10 @@ export class NativeContext {
    *
    * @example
    * ```ts
-   * const ctx = await NativeContext.create(model, { nCtx: 4096, nBatch: 512, nUbatch: 512, nSeqMax: 4, threads: 2, embeddings: false, kvUnified: false });
+   * async function context(model: NativeModel) {
+   *   const opts = { nCtx: 4096, nBatch: 512, nUbatch: 512, nSeqMax: 4, threads: 2, embeddings: false, kvUnified: false };
+   *   return await NativeContext.create(model, opts);
+   * }
    * ```
    */
   static async create(model: NativeModel, opts: ContextOptions): Promise<NativeContext> {

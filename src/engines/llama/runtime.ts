@@ -12,7 +12,10 @@ const runtimes = new Map<GpuSetting, Promise<Llama>>();
  *
  * @example
  * ```ts
- * const llama = await llamaRuntime("cpu", log);
+ * import type { Logger } from "../../log.ts";
+ * async function cpuRuntime(log: Logger) {
+ *   return await llamaRuntime("cpu", log);
+ * }
  * ```
  */
 export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
@@ -47,7 +50,10 @@ export function engineThreads(configured: number): number {
  *
  * @example
  * ```ts
- * const layers = await resolveGpuLayers(llama, "model.gguf", "auto");
+ * import type { Llama } from "node-llama-cpp";
+ * async function layers(llama: Llama) {
+ *   return await resolveGpuLayers(llama, "model.gguf", "auto");
+ * }
  * ```
  */
 export async function resolveGpuLayers(

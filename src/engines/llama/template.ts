@@ -32,7 +32,11 @@ export class ChatTemplate {
    *
    * @example
    * ```ts
-   * template.render([{ role: "user", text: "Hi" }], [], true);
+   * const template = new ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}", {
+   *   bos: "",
+   *   eos: "<|im_end|>",
+   * });
+   * template.render([{ role: "user", text: "Hi" }], [], true); // "user: Hi\n"
    * ```
    */
   render(
