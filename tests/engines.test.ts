@@ -62,8 +62,6 @@ async function assertCancelStops(
 
 Deno.test({
   name: "embeddings: short inputs in one decode give the vectors of bodies and last tokens decoded apart",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const [apart, together] = [await tinyEmbed(0), await tinyEmbed(512)];
     try {
@@ -100,8 +98,6 @@ Deno.test({
 
 Deno.test({
   name: "embeddings: a request cancelled during its body decode gets no output decode",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     // Two decodes a step (the path of long inputs): the body decode runs, the output decode must not.
     const engine = await tinyEmbed(0);
@@ -141,8 +137,6 @@ async function onnxSetup() {
 
 Deno.test({
   name: "onnx embeddings: a request whose client left runs no further batch",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { engine, ids } = await onnxSetup();
     try {
@@ -158,8 +152,6 @@ Deno.test({
 
 Deno.test({
   name: "onnx embeddings: a one-input request queued behind a 64-input one is in the next batch",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { engine, ids } = await onnxSetup();
     try {
@@ -181,8 +173,6 @@ Deno.test({
 
 Deno.test({
   name: "logits: rows of one view of llama.cpp's output buffer, equal to its own rows, kept across decodes",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { lib, path } = await nativeSetup("tiny-chat");
     const model = await NativeModel.load(lib, path, 0);
@@ -303,8 +293,6 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
   Deno.test({
     name:
       `scheduler (${name}): same-length prompts arriving together share one decode, each computed as alone`,
-    sanitizeResources: false,
-    sanitizeOps: false,
     fn: async () => {
       const { model, scheduler, run, free } = await schedulerSetup(name);
       try {
@@ -329,8 +317,6 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
 
 Deno.test({
   name: "scheduler: one-token prompt chunks of long prompts run alone, and compute as alone",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { model, scheduler, run, free } = await schedulerSetup("tiny-chat");
     try {
@@ -355,8 +341,6 @@ Deno.test({
 
 Deno.test({
   name: "scheduler (flash attention off): long prompts decoded together give each one's numbers alone",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     // With flash attention on, a sequence decoding alone with 512 KV cells or more takes llama.cpp's
     // split-KV path on CPU (one query row, one KV stream), which rounds otherwise than a batch.
@@ -380,8 +364,6 @@ Deno.test({
 
 Deno.test({
   name: "scheduler: a prompt whose client leaves during another prompt's chunk gets no chunk of its own",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { model, scheduler, free, greedy } = await schedulerSetup("tiny-chat");
     try {
@@ -422,8 +404,6 @@ Deno.test({
 
 Deno.test({
   name: "scheduler: a job submitted as the last running one settles is run, not left waiting",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { model, run, free } = await schedulerSetup("tiny-chat");
     try {
