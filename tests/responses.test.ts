@@ -674,6 +674,20 @@ serverTest("bad input is a 400 naming the Responses field, and the server keeps 
   assert.equal((await postJson(url, { model: MODEL, input: "hi", max_output_tokens: 2 }, KEY)).status, 200);
 });
 
+serverTest("an answer that ends at once is still a message item (empty), streamed or not", async () => {
+  // <|im_end|> (151645) as the first token: the model says nothing.
+  const body = { model: MODEL, input: "hi", logit_bias: { "151645": 100 }, ...NO_THINKING };
+  const res = await create(body);
+  assert.equal(res.status, "completed");
+  assert.deepEqual(res.output.map((o: Json) => [o.type, o.content?.[0]?.text]), [["message", ""]]);
+  assert.equal(res.output_text, "");
+  const { events } = await streamed(body);
+  const done = events.find((e) => e.type === "response.output_item.done");
+  assert.equal(done.item.type, "message");
+  assert.equal(done.item.content[0].text, "");
+  assert.deepEqual(events.at(-1).response.output, [done.item]);
+});
+
 // What Codex (0.171) sends: a namespace of function tools, hosted tools, developer messages first,
 // and include: ["reasoning.encrypted_content"] with store: false.
 const AGENTS = {

@@ -603,13 +603,14 @@ async function fromCompletion(
       status: m.content || m.tool_calls ? "completed" : itemStatus,
     });
   }
-  if (m.content) {
+  // A finished answer without text or calls is still an (empty) message: agents read it as the answer.
+  if (m.content || (!m.tool_calls && end.status === "completed")) {
     output.push({
       type: "message",
       id: itemId("msg"),
       status: m.tool_calls ? "completed" : itemStatus,
       role: "assistant",
-      content: [{ type: "output_text", text: m.content, annotations: [], logprobs: [] }],
+      content: [{ type: "output_text", text: m.content ?? "", annotations: [], logprobs: [] }],
     });
   }
   const calls = m.tool_calls ?? [];
@@ -802,6 +803,16 @@ export async function* streamEvents(
       yield* text(pendingSpace);
     }
     const end = ending(finish);
+    const answered = output.some((o) => o.type !== "reasoning");
+    if (!answered && end.status === "completed") {
+      yield* open({
+        type: "message",
+        id: itemId("msg"),
+        status: "in_progress",
+        role: "assistant",
+        content: [{ type: "output_text", text: "", annotations: [], logprobs: [] }],
+      });
+    }
     yield* close(end.status);
     yield event(end.status === "incomplete" ? "response.incomplete" : "response.completed", {
       response: snapshot(end.status, { ...end, usage: usage ? usageOf(usage) : null }),
