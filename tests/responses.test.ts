@@ -883,7 +883,9 @@ serverTest(
       tools: [WEATHER, AGENTS, { type: "web_search", external_web_access: false }],
       tool_choice: "auto",
       parallel_tool_calls: true,
-      reasoning: { summary: "auto" },
+      // "max" (the SDK's newest effort) is thinking on, as the default here.
+      reasoning: { summary: "auto", effort: "max" },
+      text: { verbosity: "low" },
       store: false,
       include: ["reasoning.encrypted_content"],
       prompt_cache_key: "019a-session",

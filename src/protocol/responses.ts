@@ -170,7 +170,7 @@ export const ResponsesRequestSchema = z.object({
   text: z.object({ format: TextFormatSchema.nullish(), verbosity: z.string().nullish() }).nullish(),
   /** `effort` switches thinking for models that have the switch: "none" / "minimal" off, others on. */
   reasoning: z.object({
-    effort: z.enum(["none", "minimal", "low", "medium", "high", "xhigh"]).nullish(),
+    effort: z.enum(["none", "minimal", "low", "medium", "high", "xhigh", "max"]).nullish(),
     summary: z.string().nullish(),
     generate_summary: z.string().nullish(),
   }).nullish(),
