@@ -29,7 +29,8 @@ import { poolOf } from "./upstream/load.ts";
 import type { CompletionUsage } from "./protocol/common.ts";
 import { openApiDocument, type RouteInfo } from "./http/openapi.ts";
 import { type ChatContext, createChatCompletion } from "./services/chat.ts";
-import { createResponse } from "./services/responses.ts";
+import { createResponse, IGNORED_TOOLS_HEADER, type ResponsesOptions } from "./services/responses.ts";
+import { ReasoningSealer } from "./services/reasoning_seal.ts";
 import { ResponsesRequestSchema } from "./protocol/responses.ts";
 import { createCompletion } from "./services/completions.ts";
 import { detokenize, tokenize } from "./services/tokens.ts";
@@ -77,6 +78,8 @@ export interface ServerDeps {
   onRequest?: () => void;
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
+  /** Hosted-tool policy and reasoning sealing of `/v1/responses` (default: ignore, a key made here). */
+  responses?: ResponsesOptions;
 }
 
 /** The request handler for `Deno.serve`, with the route table it serves. */
@@ -215,6 +218,10 @@ export function createServer(deps: ServerDeps): ServerHandler {
     };
   };
 
+  const responsesOptions: Promise<ResponsesOptions> = deps.responses
+    ? Promise.resolve(deps.responses)
+    : ReasoningSealer.create().then((sealer) => ({ hostedTools: "ignore", sealer }));
+
   const routes: Route[] = [
     {
       method: "POST",
@@ -273,7 +280,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       handler: async (req, ctx) => {
         const body = await parse(req, ResponsesRequestSchema);
         const { slot, engine } = chatEngine(body.model, ctx);
-        return await createResponse(body, engine, chatContext(slot, ctx));
+        return await createResponse(body, engine, chatContext(slot, ctx), await responsesOptions);
       },
     },
     {
@@ -663,6 +670,6 @@ function applyCors(req: Request, res: Response, origins: readonly string[]): voi
       : "authorization, content-type, x-request-id",
   );
   res.headers.set("access-control-allow-methods", "GET, POST, OPTIONS");
-  res.headers.set("access-control-expose-headers", "x-request-id");
+  res.headers.set("access-control-expose-headers", `x-request-id, ${IGNORED_TOOLS_HEADER}`);
   res.headers.set("access-control-max-age", "600");
 }
