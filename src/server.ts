@@ -320,7 +320,12 @@ export function createServer(deps: ServerDeps): ServerHandler {
         const slot = deps.registry.find(body.model);
         const { engine } = deps.registry.engine(body.model, slot.spec.kind);
         return jsonResponse(
-          await tokenize(body, engine, slot.spec.kind === "chat" ? slot.spec.thinking : undefined),
+          await tokenize(
+            body,
+            engine,
+            slot.spec.kind === "chat" ? slot.spec.thinking : undefined,
+            ctx.signal,
+          ),
         );
       },
     })),
