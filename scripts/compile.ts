@@ -48,6 +48,8 @@ const args = [
   "src/engines/onnx/session_worker.ts",
   "--include",
   "src/engines/llama/template_worker.ts",
+  "--include",
+  "src/exit_guard_worker.ts",
   ...excludes.flatMap((e) => ["--exclude", e]),
   "main.ts",
 ];
