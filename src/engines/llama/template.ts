@@ -111,6 +111,7 @@ export class ChatTemplate {
    */
   async renderAsync(input: TemplateInput, signal?: AbortSignal): Promise<PromptPieces> {
     if (renderSize(input) <= INLINE_RENDER_SIZE) return this.render(input);
+    if (this.#worker?.failed) this.dispose();
     this.#worker ??= new RenderWorker(this.#init);
     return await this.#worker.render(input, signal);
   }
@@ -271,6 +272,8 @@ class RenderWorker {
   readonly #worker: Worker;
   readonly #waiting = new Map<number, (reply: RenderReply) => void>();
   #next = 0;
+  /** The thread died (its next user starts another). */
+  failed = false;
 
   constructor(init: TemplateSource) {
     this.#worker = new Worker(new URL("./template_worker.ts", import.meta.url), { type: "module" });
@@ -281,6 +284,7 @@ class RenderWorker {
     };
     this.#worker.onerror = (e) => {
       e.preventDefault();
+      this.failed = true;
       const reply = { ok: false as const, input: false, message: e.message, param: null, code: null };
       for (const [id, waiter] of this.#waiting) waiter({ id, ...reply });
       this.#waiting.clear();
