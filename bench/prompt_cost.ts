@@ -78,7 +78,7 @@ const source = model.chatTemplate()!;
 const template = new ChatTemplate({
   source,
   specials: { bos: "", eos: "" },
-  markup: model.scanVocabulary().markup,
+  markup: (await model.scanVocabulary()).markup,
 });
 const plain = new Template(source);
 const cpuMs = () => {

@@ -134,7 +134,7 @@ export class LlamaChatEngine implements ChatEngine {
     try {
       const source = model.chatTemplate();
       if (!source) throw new Error(`'${opts.modelPath}' has no chat template (tokenizer.chat_template)`);
-      const vocabulary = model.scanVocabulary();
+      const vocabulary = await model.scanVocabulary();
       const template = new ChatTemplate({
         source,
         specials: {

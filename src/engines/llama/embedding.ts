@@ -96,12 +96,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     ctx: NativeContext,
     batch: Batch,
     pooling: "last" | "mean" | "cls",
+    markup: Markup,
     onePassTokens?: number,
   ) {
     this.#model = model;
     this.#ctx = ctx;
     this.#batch = batch;
-    this.#markup = new Markup(model.scanVocabulary().markup);
+    this.#markup = markup;
     this.pooling = pooling;
     this.nativeDims = model.nEmbd;
     this.vocabSize = model.nVocab;
@@ -140,7 +141,15 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         pooling: "none",
         kvUnified: true,
       });
-      return new LlamaEmbeddingEngine(model, ctx, new Batch(lib, batchTokens), pooling, opts.onePassTokens);
+      const markup = new Markup((await model.scanVocabulary()).markup);
+      return new LlamaEmbeddingEngine(
+        model,
+        ctx,
+        new Batch(lib, batchTokens),
+        pooling,
+        markup,
+        opts.onePassTokens,
+      );
     } catch (e) {
       model.free();
       throw e;

@@ -35,7 +35,7 @@ export interface TemplateSource {
 
 /**
  * Inputs up to this size render on the event loop (the 17k-token agent prompt of 15 tools renders
- * in 1.5-3 ms); larger ones on the worker. Size: messages and tools, and characters of text / 1000.
+ * in 1-2 ms); larger ones on the worker. Size: messages, 3 per tool, and thousands of characters.
  */
 const INLINE_RENDER_SIZE = 256;
 
