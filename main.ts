@@ -1,6 +1,8 @@
 /**
  * CLI entry: read the settings, build the registry, start the server, load models in the
- * background; SIGHUP reloads keys and TLS files; SIGTERM / SIGINT shut down gracefully.
+ * background; SIGHUP reloads keys and TLS files; SIGTERM / SIGINT shut down gracefully (and a
+ * thread of its own forces the exit if the main thread cannot); systemd is notified when started
+ * by it (ready, stopping, watchdog pings).
  */
 import { ConfigError, helpText, isLoopback, loadApiKeys, loadConfig } from "./src/config.ts";
 import { createLogger } from "./src/log.ts";
@@ -16,6 +18,8 @@ import { loadEngine } from "./src/engines/load.ts";
 import { upstreamMetricFamilies } from "./src/upstream/metrics.ts";
 import { poolOf } from "./src/upstream/load.ts";
 import { ReasoningSealer } from "./src/services/reasoning_seal.ts";
+import { startExitGuard } from "./src/exit_guard.ts";
+import { SystemdNotifier } from "./src/systemd.ts";
 
 async function main(): Promise<number> {
   let loaded;
@@ -34,6 +38,10 @@ async function main(): Promise<number> {
   }
   const config = loaded.config;
   const log = createLogger({ level: config.logLevel, format: config.logFormat });
+  startExitGuard({
+    drainMs: config.drainTimeoutMs,
+    log: { level: config.logLevel, format: config.logFormat },
+  });
   const fail = (message: string, fields: Record<string, unknown> = {}) => {
     log.error(message, fields);
     return 2;
@@ -147,7 +155,17 @@ async function main(): Promise<number> {
     );
   }
 
+  const notifier = SystemdNotifier.fromEnv(Deno.env.toObject(), log);
+  notifier?.send(`READY=1\nSTATUS=listening on port ${port}; loading models`);
+  notifier?.startWatchdog();
   const loading = registry.loadAll((spec, report) => loadEngine(spec, config, log, report), log);
+  loading.then(() => {
+    const failed = registry.slots.filter((s) => s.state === "failed").length;
+    notifier?.send(
+      `STATUS=listening on port ${port}; ${registry.slots.length - failed} models loaded` +
+        (failed ? `, ${failed} failed` : ""),
+    );
+  });
 
   Deno.addSignalListener("SIGHUP", () => void reload());
   async function reload() {
@@ -185,6 +203,7 @@ async function main(): Promise<number> {
     }
     stoppingSince = performance.now();
     lifecycle.draining = true;
+    notifier?.send("STOPPING=1\nSTATUS=draining");
     log.info("shutting down: draining in-flight requests", { signal, drain_ms: config.drainTimeoutMs });
     const finished = server.shutdown();
     const drained = await Promise.race([

@@ -87,6 +87,13 @@ const SYMBOLS = {
     parameters: ["pointer", "buffer", "i32", "buffer", "i32", "bool", "bool"],
     result: "i32",
   },
+  // The same on a thread of its own: llama.cpp tokenizes about 1-4 MB of text a second.
+  llama_tokenize_nonblocking: {
+    name: "llama_tokenize",
+    parameters: ["pointer", "buffer", "i32", "buffer", "i32", "bool", "bool"],
+    result: "i32",
+    nonblocking: true,
+  },
   llama_token_to_piece: { parameters: ["pointer", "i32", "buffer", "i32", "i32", "bool"], result: "i32" },
   llama_init_from_model: { parameters: ["pointer", contextParams], result: "pointer", nonblocking: true },
   llama_free: { parameters: ["pointer"], result: "void" },

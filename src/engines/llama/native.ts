@@ -12,9 +12,13 @@ import {
   readCString,
   serialized,
 } from "./ffi.ts";
+import type { MarkupToken } from "../markup.ts";
+import { Slicer } from "../../event_loop.ts";
 
 /** Token attribute bits (`llama_token_attr`). */
+const ATTR_UNKNOWN = 1 << 0;
 const ATTR_CONTROL = 1 << 3;
+const ATTR_USER_DEFINED = 1 << 4;
 
 /** A loaded GGUF model and its vocabulary. */
 export class NativeModel {
@@ -120,6 +124,53 @@ export class NativeModel {
       if (n === -2147483648) throw new Error("the text is too long to tokenize");
       cap = -n;
     }
+  }
+
+  /**
+   * Tokenizes `text` on a thread of its own (a long text takes llama.cpp a second per megabyte or
+   * so); as {@link tokenize} without BOS/EOS.
+   */
+  async tokenizeAsync(text: string, special: boolean): Promise<number[]> {
+    const bytes = new TextEncoder().encode(text);
+    // A token holds at least one byte: this many always suffice.
+    const cap = bytes.length + 8;
+    const out = new Int32Array(cap);
+    const n = await this.lib.symbols.llama_tokenize_nonblocking(
+      this.vocab,
+      bytes,
+      bytes.length,
+      out,
+      cap,
+      false,
+      special,
+    );
+    if (n < 0) throw new Error("the text is too long to tokenize");
+    return Array.from(out.subarray(0, n));
+  }
+
+  /**
+   * One pass over the vocabulary: its markup tokens, the ones llama.cpp turns special-token text
+   * into when asked to parse it (control and unknown tokens, and user-defined ones such as
+   * `<think>`, which it matches in plain text too), and the longest token's bytes. 30-80 ms for
+   * 151k tokens: in slices that leave the event loop free.
+   */
+  async scanVocabulary(): Promise<{ markup: MarkupToken[]; longestToken: number }> {
+    const markup: MarkupToken[] = [];
+    const s = this.lib.symbols;
+    const buf = new Uint8Array(1024);
+    let longestToken = 1;
+    const slices = new Slicer(10);
+    for (let id = 0; id < this.nVocab; id++) {
+      if (id % 1024 === 0 && slices.due) await slices.pause();
+      const n = s.llama_token_to_piece(this.vocab, id, buf, buf.length, 0, false);
+      longestToken = Math.max(longestToken, n < 0 ? -n : n);
+      const attr = s.llama_vocab_get_attr(this.vocab, id);
+      if ((attr & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)) === 0) continue;
+      const text = new TextDecoder().decode(this.piece(id, true));
+      // (With text parsing off, llama.cpp skips control and unknown tokens, user-defined or not.)
+      markup.push({ id, text, matchedInText: (attr & (ATTR_CONTROL | ATTR_UNKNOWN)) === 0 });
+    }
+    return { markup, longestToken };
   }
 
   /** The bytes a token stands for (control tokens render as nothing unless `special`). */

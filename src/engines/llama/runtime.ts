@@ -26,6 +26,11 @@ export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
         const text = message.trim();
         // The Qwen vocabulary trips this llama.cpp warning for every real Qwen GGUF too.
         if (!text || text.includes("control-looking token")) return;
+        // Embedding contexts ask for no pooling on purpose: the engine pools the token states itself.
+        if (/pooling_type is \[\d+\], but \[0\] was specified/.test(text)) {
+          log.debug(`llama.cpp: ${text} (expected: vserve pools the token states itself)`);
+          return;
+        }
         if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) log.error(`llama.cpp: ${text}`);
         else if (level === LlamaLogLevel.warn) log.warn(`llama.cpp: ${text}`);
         else log.debug(`llama.cpp: ${text}`);
