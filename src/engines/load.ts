@@ -5,8 +5,15 @@ import type { ModelSpec } from "../registry.ts";
 import type { ChatEngine, EmbeddingEngine } from "./types.ts";
 import { resolveSource } from "../models/sources.ts";
 import { qwen3TokenizerJsonPath } from "../models/qwen3_vocab.ts";
-import { engineThreads, llamaRuntime, resolveGpuLayers } from "./llama/runtime.ts";
-import { openLlamaLibrary } from "./llama/ffi.ts";
+import { captureLlamaLog, engineThreads, llamaRuntime, resolveGpuLayers } from "./llama/runtime.ts";
+import { backendDevices, type LlamaLibrary, openLlamaLibrary } from "./llama/ffi.ts";
+import type { ModelPlacement } from "./llama/native.ts";
+import { type ModelPlan, refusalMessage } from "../plan/memory.ts";
+import { overrideRules } from "../plan/placement.ts";
+import { hostDevice, loadSettings, planMiB, plannedGpus, planSpecs, presentGpus } from "../plan/run.ts";
+import type { PlanDevice } from "../plan/memory.ts";
+import { readGgufHeader } from "../plan/gguf_header.ts";
+import { type LlamaAllocations, parseLlamaLog } from "../plan/llama_log.ts";
 import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
@@ -21,6 +28,7 @@ export async function loadEngine(
   config: Config,
   log: Logger,
   report: (details: Record<string, unknown>) => void,
+  plan?: ModelPlan,
 ): Promise<ChatEngine | EmbeddingEngine> {
   if (spec.backend === "openai") return await openUpstreamEngine(spec, log, report, Deno.env.toObject());
   if (!spec.source) throw new Error("a model file (source) is required");
@@ -59,7 +67,15 @@ export async function loadEngine(
   }
   const llama = await llamaRuntime(config.gpu, log);
   const lib = openLlamaLibrary();
-  const layers = await resolveGpuLayers(llama, path, gpuLayers);
+  // A model whose file was not there at start (a download) is planned now, beside nothing else.
+  const modelPlan = plan ?? await planAtLoad(spec, config, path, lib);
+  const layers = !llama.gpu
+    ? 0
+    : modelPlan.gpuLayersChosen === "auto"
+    ? modelPlan.gpuLayers
+    : await resolveGpuLayers(llama, path, gpuLayers);
+  const settings = loadSettings(spec, config);
+  const placement = nativePlacement(lib, modelPlan, settings, !!llama.gpu);
   report({
     backend: "llama",
     gpu: llama.gpu || "cpu",
@@ -67,38 +83,151 @@ export async function loadEngine(
     threads,
     parallel,
     flash_attn: config.flashAttn,
+    placement: placementReport(modelPlan, settings, !!llama.gpu),
   });
-  if (spec.kind === "embedding") {
-    const engine = await LlamaEmbeddingEngine.load(lib, {
-      modelPath: path,
-      gpuLayers: layers,
-      threads,
-      maxInputTokens: spec.maxInputTokens ?? 8192,
-      pooling: spec.pooling,
-      flashAttention: config.flashAttn,
+  const capture = captureLlamaLog(llama);
+  let engine: ChatEngine | EmbeddingEngine;
+  try {
+    if (spec.kind === "embedding") {
+      const e = await LlamaEmbeddingEngine.load(lib, {
+        modelPath: path,
+        gpuLayers: layers,
+        placement,
+        threads,
+        maxInputTokens: spec.maxInputTokens ?? 8192,
+        pooling: spec.pooling,
+        flashAttention: config.flashAttn,
+      });
+      report({ dims: e.nativeDims, pooling: e.pooling });
+      engine = e;
+    } else {
+      const contextSize = config.ctxSize ?? spec.contextSize ?? 32768;
+      const e = await LlamaChatEngine.load(lib, {
+        modelPath: path,
+        gpuLayers: layers,
+        placement,
+        threads,
+        parallel,
+        contextSize,
+        toolFormat: spec.toolFormat,
+        batchSequences: spec.batchSequences,
+        flashAttention: config.flashAttn,
+        log,
+      });
+      report({
+        context_size: e.contextSize,
+        tool_format: e.dialect.name,
+        thinking_default: spec.thinking ?? e.thinking.defaultOn,
+        batched_decode: e.batching,
+      });
+      engine = e;
+    }
+  } finally {
+    const allocated = parseLlamaLog(await capture.stop());
+    report({
+      placement: placementReport(modelPlan, settings, !!llama.gpu, allocated),
+      memory_mib: memoryReport(modelPlan, allocated),
     });
-    report({ dims: engine.nativeDims, pooling: engine.pooling });
-    return engine;
+    const moved = new Map<string, number>();
+    for (const o of allocated.overridden) moved.set(o.bufferType, (moved.get(o.bufferType) ?? 0) + 1);
+    if (allocated.overridden.length) {
+      log.info("tensor overrides applied", { model: spec.id, tensors: Object.fromEntries(moved) });
+    }
   }
-  const contextSize = config.ctxSize ?? spec.contextSize ?? 32768;
-  const engine = await LlamaChatEngine.load(lib, {
-    modelPath: path,
-    gpuLayers: layers,
-    threads,
-    parallel,
-    contextSize,
-    toolFormat: spec.toolFormat,
-    batchSequences: spec.batchSequences,
-    flashAttention: config.flashAttn,
-    log,
-  });
-  report({
-    context_size: engine.contextSize,
-    tool_format: engine.dialect.name,
-    thinking_default: spec.thinking ?? engine.thinking.defaultOn,
-    batched_decode: engine.batching,
-  });
   return engine;
+}
+
+/** The plan of one model at load time, from its file's header; throws the refusal when it cannot fit. */
+async function planAtLoad(
+  spec: ModelSpec,
+  config: Config,
+  path: string,
+  lib: LlamaLibrary,
+): Promise<ModelPlan> {
+  const header = await readGgufHeader(path);
+  const devices = [...presentGpus(backendDevices(lib), config), await hostDevice(config)];
+  const { plan } = planSpecs(
+    [spec],
+    config,
+    new Map([[spec.id, { kind: "gguf", header, origin: path }]]),
+    devices,
+  );
+  if (!plan.fits) throw new Error(refusalMessage(plan));
+  return plan.models[0];
+}
+
+/** llama.cpp model parameters for the plan's placement: override rules bound to device buffer types. */
+function nativePlacement(
+  lib: LlamaLibrary,
+  plan: ModelPlan,
+  s: ReturnType<typeof loadSettings>,
+  gpu: boolean,
+): ModelPlacement {
+  const devices = backendDevices(lib);
+  const overrides = overrideRules(plan.placement).map((rule) => {
+    const device = devices.find((d) => d.bufferTypeName.toLowerCase() === rule.device.toLowerCase());
+    if (!device) {
+      throw new Error(
+        `${rule.from} '${rule.pattern}=${rule.device}': no device '${rule.device}' here (devices: ${
+          devices.map((d) => d.bufferTypeName).join(", ")
+        })`,
+      );
+    }
+    return { pattern: rule.pattern, bufferType: device.bufferType };
+  });
+  return {
+    overrides,
+    ...(gpu ? { splitMode: s.splitMode, mainGpu: s.mainGpu, tensorSplit: s.tensorSplit } : {}),
+  };
+}
+
+/**
+ * The placement facts `/health` shows for a llama model; after the load, each override also says
+ * how many tensors llama.cpp's load log reports it moved (`placed`) and to which buffer types.
+ */
+function placementReport(
+  plan: ModelPlan,
+  s: ReturnType<typeof loadSettings>,
+  gpu: boolean,
+  allocated?: LlamaAllocations,
+): Record<string, unknown> {
+  const compiled = plan.overrides.map((o) => new RegExp(o.pattern));
+  const placed = plan.overrides.map(() => new Map<string, number>());
+  for (const moved of allocated?.overridden ?? []) {
+    const i = compiled.findIndex((re) => re.test(moved.tensor));
+    if (i >= 0) placed[i].set(moved.bufferType, (placed[i].get(moved.bufferType) ?? 0) + 1);
+  }
+  return {
+    ...(gpu
+      ? { split_mode: s.splitMode, main_gpu: s.mainGpu, tensor_split: s.tensorSplit ?? "by free memory" }
+      : {}),
+    ...(plan.placement.cpuMoe ? { cpu_moe: true } : {}),
+    ...(plan.placement.nCpuMoe ? { n_cpu_moe: plan.placement.nCpuMoe } : {}),
+    overrides: plan.overrides.map((o) => ({
+      pattern: o.pattern,
+      device: o.device,
+      from: o.from,
+      tensors: o.tensors,
+      bytes: o.bytes,
+      ...(allocated ? { placed: Object.fromEntries(placed[plan.overrides.indexOf(o)]) } : {}),
+    })),
+  };
+}
+
+/** Planned and allocated memory of a model in MiB (`/health`). */
+function memoryReport(plan: ModelPlan, a: LlamaAllocations): Record<string, unknown> {
+  const mib = (r: Record<string, number>) =>
+    Object.fromEntries(Object.entries(r).map(([k, v]) => [k, Math.round(v / 1024 / 1024 * 10) / 10]));
+  return {
+    planned: planMiB(plan.devices),
+    allocated: {
+      model: mib(a.model),
+      kv: mib(a.kv),
+      recurrent: mib(a.recurrent),
+      output: mib(a.output),
+      compute: mib(a.compute),
+    },
+  };
 }
 
 /**
@@ -125,4 +254,30 @@ async function modelFingerprint(path: string, engine: string): Promise<string> {
   } finally {
     file.close();
   }
+}
+
+/**
+ * The devices the server would load on: the GPUs of the `--gpu` build that are here (capped by
+ * `--vram`) and host memory; or, with `--plan --vram`, GPUs that are not here.
+ *
+ * @example
+ * ```ts
+ * const devices = await planDevices(config, log);
+ * ```
+ */
+export async function planDevices(config: Config, log: Logger): Promise<PlanDevice[]> {
+  const host = await hostDevice(config);
+  if (config.plan && config.vram) return [...plannedGpus(config), host];
+  if (config.gpu === "cpu") {
+    if (config.vram) {
+      throw new Error("--vram: --gpu cpu uses no GPU (with --plan, --vram plans GPUs that are not here)");
+    }
+    return [host];
+  }
+  const llama = await llamaRuntime(config.gpu, log);
+  const gpus = llama.gpu ? presentGpus(backendDevices(openLlamaLibrary()), config) : [];
+  if (config.vram && gpus.length === 0) {
+    throw new Error("--vram: there is no GPU here (with --plan, --vram plans GPUs that are not here)");
+  }
+  return [...gpus, host];
 }
