@@ -278,15 +278,15 @@ const README_ROWS: {
   gpu: number[];
   host: number;
 }[] = [
-  { vram: "22.5", parallel: 4, ctx: 32768, nCpuMoe: 32, gpu: [21.91], host: 28.68 },
-  { vram: "22.5", parallel: 8, ctx: 32768, nCpuMoe: 35, gpu: [22.27], host: 32.06 },
-  { vram: "24", parallel: 8, ctx: 32768, nCpuMoe: 33, gpu: [23.86], host: 30.46 },
-  { vram: "45", parallel: 8, ctx: 32768, nCpuMoe: 7, gpu: [44.58], host: 9.74 },
-  { vram: "45", parallel: 8, ctx: 131072, nCpuMoe: 26, gpu: [44.53], host: 24.88 },
-  { vram: "79.6", parallel: 8, ctx: 32768, nCpuMoe: 0, gpu: [49.89], host: 4.16 },
-  { vram: "79.6", parallel: 8, ctx: 131072, nCpuMoe: 0, gpu: [64.99], host: 4.16 },
-  { vram: "79.6", parallel: 4, ctx: 262144, nCpuMoe: 0, gpu: [64.86], host: 3.18 },
-  { vram: "22.5,22.5", parallel: 8, ctx: 32768, nCpuMoe: 25, gpu: [8.93, 22.33], host: 24.09 },
+  { vram: "22.5", parallel: 4, ctx: 32768, nCpuMoe: 32, gpu: [21.86], host: 28.68 },
+  { vram: "22.5", parallel: 8, ctx: 32768, nCpuMoe: 35, gpu: [22.21], host: 32.06 },
+  { vram: "24", parallel: 8, ctx: 32768, nCpuMoe: 33, gpu: [23.81], host: 30.46 },
+  { vram: "45", parallel: 8, ctx: 32768, nCpuMoe: 7, gpu: [44.53], host: 9.74 },
+  { vram: "45", parallel: 8, ctx: 131072, nCpuMoe: 26, gpu: [44.39], host: 24.88 },
+  { vram: "79.6", parallel: 8, ctx: 32768, nCpuMoe: 0, gpu: [49.84], host: 4.16 },
+  { vram: "79.6", parallel: 8, ctx: 131072, nCpuMoe: 0, gpu: [64.84], host: 4.16 },
+  { vram: "79.6", parallel: 4, ctx: 262144, nCpuMoe: 0, gpu: [64.59], host: 3.18 },
+  { vram: "22.5,22.5", parallel: 8, ctx: 32768, nCpuMoe: 25, gpu: [8.93, 22.27], host: 24.09 },
 ];
 
 for (const row of README_ROWS) {

@@ -278,8 +278,14 @@ function planLlama(
   const convWidth = shape.recurrentLayers.length
     ? Math.max(...shape.recurrentLayers.map((r) => r.convValues)) / 3
     : 0;
-  const layerPhase = Math.max(scores, u * width * 4 * 3 + 4 * u * d * 4, u * convWidth * 4 * 3);
-  const outputPhase = u * shape.nVocab * 4 + 2 * u * d * 4 + mask;
+  const layerPhase = Math.max(
+    scores,
+    mask + 4 * u * d * 4,
+    u * width * 4 * 3 + 4 * u * d * 4,
+    u * convWidth * 4 * 3,
+  );
+  // The logits of a whole micro-batch (llama.cpp reserves for one output per token) dominate.
+  const outputPhase = u * shape.nVocab * 4 + 2 * u * d * 4;
   const layerHolders = new Set<string>();
   for (let l = 0; l < shape.nLayer; l++) layerHolders.add(layout.of(l));
   for (const name of new Set([...layerHolders, outputDevice, "CPU"])) {
