@@ -13,8 +13,8 @@ import { loadConfig } from "../src/config.ts";
 import { parseRegistry } from "../src/registry.ts";
 import { resolveSource } from "../src/models/sources.ts";
 import { captureLlamaLog, llamaRuntime } from "../src/engines/llama/runtime.ts";
-import { backendDevices, openLlamaLibrary } from "../src/engines/llama/ffi.ts";
-import { NativeContext, NativeModel } from "../src/engines/llama/native.ts";
+import { backendDevices, MODEL_PARAMS, openLlamaLibrary } from "../src/engines/llama/ffi.ts";
+import { NativeContext, NativeModel, placementParams } from "../src/engines/llama/native.ts";
 import { LlamaChatEngine } from "../src/engines/llama/chat.ts";
 import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
 import { writeGgufHeaderOnly } from "../src/models/gguf_writer.ts";
@@ -244,6 +244,33 @@ Deno.test("an --override-tensor rule moves what it matches (a searched regex), b
   ]]);
 });
 
+Deno.test("placement settings land in llama_model_params at llama.h's offsets (overrides list, split, main GPU)", () => {
+  const params = lib.symbols.llama_model_default_params();
+  const view = new DataView(params.buffer);
+  const kept = placementParams(lib, view, {
+    overrides: [{ pattern: "exps", bufferType: cpu.bufferType }, {
+      pattern: "^output",
+      bufferType: cpu.bufferType,
+    }],
+    splitMode: "row",
+    mainGpu: 1,
+    tensorSplit: [3, 1],
+  });
+  assert.ok(kept);
+  assert.equal(view.getInt32(MODEL_PARAMS.splitMode, true), 2);
+  assert.equal(view.getInt32(MODEL_PARAMS.mainGpu, true), 1);
+  const at = (offset: number) => Deno.UnsafePointer.create(view.getBigUint64(offset, true))!;
+  const split = new Float32Array(Deno.UnsafePointerView.getArrayBuffer(at(MODEL_PARAMS.tensorSplit), 16 * 4));
+  assert.deepEqual([...split.slice(0, 3)], [3, 1, 0], "llama_max_devices() floats, zero-padded");
+  const list = new BigUint64Array(
+    Deno.UnsafePointerView.getArrayBuffer(at(MODEL_PARAMS.tensorBuftOverrides), 3 * 16),
+  );
+  const text = (p: bigint) => Deno.UnsafePointerView.getCString(Deno.UnsafePointer.create(p)!);
+  assert.deepEqual([text(list[0]), text(list[2])], ["exps", "^output"]);
+  assert.equal(list[1], BigInt(Deno.UnsafePointer.value(cpu.bufferType)));
+  assert.deepEqual([list[4], list[5]], [0n, 0n], "a null pattern ends the list");
+});
+
 async function registryFile(models: unknown[]): Promise<string> {
   const file = await Deno.makeTempFile({ suffix: ".json" });
   await Deno.writeTextFile(file, JSON.stringify({ models }));
@@ -287,7 +314,7 @@ serverTest(
 );
 
 serverTest(
-  "--cpu-moe on the command line overrides the registry's nCpuMoe: every layer's experts move",
+  "--cpu-moe overrides the registry's nCpuMoe (every layer's experts move); /health shows the split settings",
   async () => {
     const file = await registryFile([{
       id: "moe",
@@ -295,12 +322,18 @@ serverTest(
       source: "builtin:tiny-moe",
       nCpuMoe: 1,
       parallel: 2,
+      splitMode: "row",
     }]);
-    const server = await startServer(["--models", file, "--cpu-moe"], { waitReady: true });
+    const server = await startServer(
+      ["--models", file, "--cpu-moe", "--split-mode", "none", "--main-gpu", "0", "--tensor-split", "1"],
+      { waitReady: true },
+    );
     try {
       const health: Json = await (await fetch(`${server.url}/health`)).json();
-      const [rule] = health.models[0].placement.overrides;
-      assert.equal(health.models[0].placement.cpu_moe, true);
+      const placement = health.models[0].placement;
+      const [rule] = placement.overrides;
+      assert.deepEqual([placement.split_mode, placement.main_gpu, placement.tensor_split], ["none", 0, [1]]);
+      assert.equal(placement.cpu_moe, true);
       assert.deepEqual(
         [rule.from, rule.tensors, rule.placed],
         ["--cpu-moe", 12, { CPU: 12 }],

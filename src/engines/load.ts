@@ -75,7 +75,7 @@ export async function loadEngine(
     ? modelPlan.gpuLayers
     : await resolveGpuLayers(llama, path, gpuLayers);
   const settings = loadSettings(spec, config);
-  const placement = nativePlacement(lib, modelPlan, settings, !!llama.gpu);
+  const placement = nativePlacement(lib, modelPlan, settings);
   report({
     backend: "llama",
     gpu: llama.gpu || "cpu",
@@ -161,7 +161,6 @@ function nativePlacement(
   lib: LlamaLibrary,
   plan: ModelPlan,
   s: ReturnType<typeof loadSettings>,
-  gpu: boolean,
 ): ModelPlacement {
   const devices = backendDevices(lib);
   const overrides = overrideRules(plan.placement).map((rule) => {
@@ -175,10 +174,8 @@ function nativePlacement(
     }
     return { pattern: rule.pattern, bufferType: device.bufferType };
   });
-  return {
-    overrides,
-    ...(gpu ? { splitMode: s.splitMode, mainGpu: s.mainGpu, tensorSplit: s.tensorSplit } : {}),
-  };
+  // Passed on CPU-only builds too: llama.cpp ignores them without GPUs.
+  return { overrides, splitMode: s.splitMode, mainGpu: s.mainGpu, tensorSplit: s.tensorSplit };
 }
 
 /**
@@ -198,9 +195,9 @@ function placementReport(
     if (i >= 0) placed[i].set(moved.bufferType, (placed[i].get(moved.bufferType) ?? 0) + 1);
   }
   return {
-    ...(gpu
-      ? { split_mode: s.splitMode, main_gpu: s.mainGpu, tensor_split: s.tensorSplit ?? "by free memory" }
-      : {}),
+    split_mode: s.splitMode,
+    main_gpu: s.mainGpu,
+    tensor_split: s.tensorSplit ?? (gpu ? "by free memory" : null),
     ...(plan.placement.cpuMoe ? { cpu_moe: true } : {}),
     ...(plan.placement.nCpuMoe ? { n_cpu_moe: plan.placement.nCpuMoe } : {}),
     overrides: plan.overrides.map((o) => ({

@@ -223,8 +223,14 @@ export class NativeModel {
 /**
  * Writes `placement` into model parameters `view`; returns the native buffers the parameters point
  * to, which must live as long as the model (llama.cpp keeps the pointers).
+ *
+ * @example
+ * ```ts
+ * const params = lib.symbols.llama_model_default_params();
+ * const kept = placementParams(lib, new DataView(params.buffer), { splitMode: "row" });
+ * ```
  */
-function placementParams(lib: LlamaLibrary, view: DataView, placement: ModelPlacement): unknown {
+export function placementParams(lib: LlamaLibrary, view: DataView, placement: ModelPlacement): unknown {
   const kept: Uint8Array[] = [];
   const address = (buf: Uint8Array<ArrayBuffer>) => {
     kept.push(buf);
