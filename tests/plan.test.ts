@@ -413,3 +413,32 @@ Deno.test("a plan's device totals are the sums of its models' uses", async () =>
     assert.equal(d.used, sum);
   }
 });
+
+// ---- the GPU check ----
+
+async function hasNvidiaSmi(): Promise<boolean> {
+  try {
+    await new Deno.Command("nvidia-smi", { stdout: "null", stderr: "null" }).output();
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+Deno.test({
+  name: "deno task gpu-check stops at once on a machine without a GPU, saying why",
+  ignore: await hasNvidiaSmi(),
+  fn: async () => {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "--allow-all", "scripts/gpu_check.ts"],
+      cwd: new URL("../", import.meta.url).pathname,
+      env: { PATH: "/usr/bin:/bin" },
+      stdin: "null",
+    }).output();
+    assert.equal(out.code, 1);
+    assert.match(
+      new TextDecoder().decode(out.stderr),
+      /gpu-check: no NVIDIA GPU here: nvidia-smi is not installed/,
+    );
+  },
+});
