@@ -110,7 +110,7 @@ export const SETTINGS: readonly Setting[] = [
     key: "gpuLayers",
     flag: "gpu-layers",
     kind: "gpuLayers",
-    help: "layers to offload: a number, auto or max",
+    help: "layers to offload: a number, auto (the memory plan chooses) or max",
   },
   {
     key: "flashAttn",

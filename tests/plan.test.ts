@@ -277,6 +277,8 @@ const README_ROWS: {
   nCpuMoe: number;
   gpu: number[];
   host: number;
+  /** `--tensor-split` proportions. */
+  split?: string;
 }[] = [
   { vram: "22.5", parallel: 4, ctx: 32768, nCpuMoe: 32, gpu: [21.86], host: 28.68 },
   { vram: "22.5", parallel: 8, ctx: 32768, nCpuMoe: 35, gpu: [22.21], host: 32.06 },
@@ -287,10 +289,15 @@ const README_ROWS: {
   { vram: "79.6", parallel: 8, ctx: 131072, nCpuMoe: 0, gpu: [64.84], host: 4.16 },
   { vram: "79.6", parallel: 4, ctx: 262144, nCpuMoe: 0, gpu: [64.59], host: 3.18 },
   { vram: "22.5,22.5", parallel: 8, ctx: 32768, nCpuMoe: 25, gpu: [8.93, 22.27], host: 24.09 },
+  { vram: "22.5,22.5", parallel: 8, ctx: 32768, nCpuMoe: 9, gpu: [22.21, 21.47], host: 11.34, split: "4,3" },
 ];
 
 for (const row of README_ROWS) {
-  Deno.test(`README plan: ${row.vram} GiB, ${row.parallel} × ${row.ctx} tokens → --n-cpu-moe ${row.nCpuMoe}`, async () => {
+  const split = row.split ? ["--tensor-split", row.split] : [];
+  const name =
+    `README plan: ${row.vram} GiB${row.split ? ` split ${row.split}` : ""}, ${row.parallel} × ${row.ctx} ` +
+    `tokens → --n-cpu-moe ${row.nCpuMoe}`;
+  Deno.test(name, async () => {
     const plan = await planFor([
       "--vram",
       row.vram,
@@ -298,6 +305,7 @@ for (const row of README_ROWS) {
       String(row.parallel),
       "--ctx-size",
       String(row.ctx),
+      ...split,
     ]);
     assert.equal(plan.fits, true);
     const [chat, embed] = plan.models;
