@@ -50,7 +50,10 @@ export async function startPlan(
     };
   }
   if (!specs.some((s) => s.backend === "llama")) return { plans: new Map() };
-  const headers = await modelHeaders(specs, config);
+  const headers = await modelHeaders(specs, config, false);
+  for (const h of headers.values()) {
+    if (h.kind === "pending" && h.reason) log.warn(`not planned: ${h.reason} (the model fails at its load)`);
+  }
   const { plan, pending } = planSpecs(specs, config, headers, await findDevices(config));
   if (!plan.fits) return { refusal: refusalMessage(plan) };
   log.info("memory plan: fits", {

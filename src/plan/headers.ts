@@ -94,8 +94,8 @@ export function parseShapeSource(
 export type HeaderSource =
   | { kind: "gguf"; header: GgufHeader; origin: string }
   | { kind: "onnx"; bytes?: number; origin: string }
-  /** An `hf:` file not downloaded yet: planned when its loader has it. */
-  | { kind: "pending"; origin: string };
+  /** An `hf:` file not downloaded yet (or a header that cannot be read: `reason`): planned at its load. */
+  | { kind: "pending"; origin: string; reason?: string };
 
 /**
  * The header of `source` (a file path, `builtin:`, `shape:` or `hf:` reference) without loading,

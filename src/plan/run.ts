@@ -127,10 +127,15 @@ export function presentGpus(devices: readonly GpuFacts[], config: Config): PlanD
   });
 }
 
-/** Headers of every local model (pending `hf:` files aside), by model id. */
+/**
+ * Headers of every local model (pending `hf:` files aside), by model id. A header that cannot be read
+ * is an error naming the model (`strict`, for `--plan`), or leaves the model out of the plan, to fail
+ * at its load with the reason while the others are served (the server's start).
+ */
 export async function modelHeaders(
   specs: readonly ModelSpec[],
   config: Config,
+  strict = true,
 ): Promise<Map<string, HeaderSource>> {
   const out = new Map<string, HeaderSource>();
   for (const spec of specs) {
@@ -138,7 +143,9 @@ export async function modelHeaders(
     try {
       out.set(spec.id, await headerForSource(spec.source, config.modelCache));
     } catch (e) {
-      throw new Error(`model '${spec.id}': ${(e as Error).message}`);
+      const reason = `model '${spec.id}': ${(e as Error).message}`;
+      if (strict) throw new Error(reason);
+      out.set(spec.id, { kind: "pending", origin: spec.source, reason });
     }
   }
   return out;
@@ -260,7 +267,7 @@ export function formatPlan(plan: Plan, pending: readonly string[] = []): string 
       } (${d.source}): ${d.fits ? "fits" : "DOES NOT FIT"}`,
     );
   }
-  for (const id of pending) lines.push(`  (${id}: its file is not downloaded yet; planned when it loads)`);
+  for (const id of pending) lines.push(`  (${id}: its file is not there yet; planned when it loads)`);
   lines.push("");
   if (plan.fits) lines.push("fits");
   else {
