@@ -124,6 +124,20 @@ class HeaderReader {
   #eof = false;
   constructor(readonly file: Deno.FsFile, readonly path: string) {}
 
+  /** Whether `n` bytes are buffered (the common case: no await needed). */
+  has(n: number): boolean {
+    return this.#buf.length - this.#at >= n;
+  }
+
+  /** Skips a string if it is buffered; false when more must be read first. */
+  skipStringIfBuffered(): boolean {
+    if (!this.has(8)) return false;
+    const n = Number(this.#view.getBigUint64(this.#at, true));
+    if (!this.has(8 + n)) return false;
+    this.#at += 8 + n;
+    return true;
+  }
+
   async #need(n: number): Promise<void> {
     while (this.#buf.length - this.#at < n) {
       if (this.#eof) throw new Error(`'${this.path}' ends inside its GGUF header`);
@@ -210,7 +224,8 @@ async function readValue(r: HeaderReader, type: number): Promise<MetaScalar> {
   const itemType = await r.u32();
   const length = await r.u64();
   if (itemType === V.STRING) {
-    for (let i = 0; i < length; i++) await r.skip(await r.u64());
+    // Vocabularies and merges: hundreds of thousands of strings, skipped from the buffer without awaits.
+    for (let i = 0; i < length; i++) if (!r.skipStringIfBuffered()) await r.skip(await r.u64());
     return { arrayOf: itemType, length };
   }
   const bytes = SCALAR_BYTES[itemType];

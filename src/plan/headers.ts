@@ -123,7 +123,12 @@ export async function headerForSource(source: string, cacheDir: string): Promise
     }
     const preset = PRESETS[name];
     if (!preset) throw new Error(`unknown builtin preset '${name}'`);
-    return { kind: "gguf", header: await presetHeader(name, preset), origin: `${source} (generated)` };
+    // Generated already: its header (the same as the preset's, and faster than building the vocabulary).
+    const path = `${cacheDir}/builtin/${name}-g${GENERATOR_VERSION}.gguf`;
+    if ((await Deno.stat(path).catch(() => null))?.isFile) {
+      return { kind: "gguf", header: await readGgufHeader(path), origin: path };
+    }
+    return { kind: "gguf", header: await presetHeader(name, preset), origin: `${source} (to be generated)` };
   }
   let path = source.startsWith("file:") ? new URL(source).pathname : source;
   if (source.startsWith("hf:")) {
