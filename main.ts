@@ -86,7 +86,7 @@ async function main(): Promise<number> {
   try {
     planned = await startPlan(specs, config, (c) => planDevices(c, log), log);
   } catch (e) {
-    return fail(`invalid model configuration: ${(e as Error).message}`);
+    return fail(`refusing to start: ${(e as Error).message}`);
   }
   if ("refusal" in planned) return fail(`refusing to start: ${planned.refusal}`);
   const plans = planned.plans;

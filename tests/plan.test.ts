@@ -407,6 +407,19 @@ Deno.test("the server refuses to start when the models cannot fit its memory (--
   assert.doesNotMatch(out.stderr, /"msg":"listening"/, "it stops before listening");
 });
 
+Deno.test({
+  name: "--vram on a server without a GPU is a start-up error naming the flag (it plans GPUs with --plan)",
+  ignore: await hasNvidiaSmi(),
+  fn: async () => {
+    const out = await runMain(["--port", "0", "--vram", "24"]);
+    assert.equal(out.code, 2);
+    assert.match(
+      out.stderr,
+      /refusing to start: --vram: there is no GPU here \(with --plan, --vram plans GPUs/,
+    );
+  },
+});
+
 Deno.test("--plan with the built-in registry fits this machine's memory (exit 0)", async () => {
   const out = await runMain(["--plan"]);
   assert.equal(out.code, 0, out.stderr);

@@ -9,7 +9,6 @@ import { headerForSource, type HeaderSource } from "./headers.ts";
 import { modelShape } from "./shape.ts";
 import {
   type DeviceUse,
-  engineContext,
   formatBytes,
   type ModelRequest,
   type Plan,
@@ -311,5 +310,3 @@ export function planMiB(devices: Record<string, DeviceUse>): Record<string, Reco
     }]),
   );
 }
-
-export { engineContext };
