@@ -85,55 +85,52 @@ export async function loadEngine(
     flash_attn: config.flashAttn,
     placement: placementReport(modelPlan, settings, !!llama.gpu),
   });
-  const capture = captureLlamaLog(llama);
-  let engine: ChatEngine | EmbeddingEngine;
-  try {
-    if (spec.kind === "embedding") {
-      const e = await LlamaEmbeddingEngine.load(lib, {
-        modelPath: path,
-        gpuLayers: layers,
-        placement,
-        threads,
-        maxInputTokens: spec.maxInputTokens ?? 8192,
-        pooling: spec.pooling,
-        flashAttention: config.flashAttn,
-      });
-      report({ dims: e.nativeDims, pooling: e.pooling });
-      engine = e;
-    } else {
-      const contextSize = config.ctxSize ?? spec.contextSize ?? 32768;
-      const e = await LlamaChatEngine.load(lib, {
-        modelPath: path,
-        gpuLayers: layers,
-        placement,
-        threads,
-        parallel,
-        contextSize,
-        toolFormat: spec.toolFormat,
-        batchSequences: spec.batchSequences,
-        flashAttention: config.flashAttn,
-        log,
-      });
-      report({
-        context_size: e.contextSize,
-        tool_format: e.dialect.name,
-        thinking_default: spec.thinking ?? e.thinking.defaultOn,
-        batched_decode: e.batching,
-      });
-      engine = e;
-    }
-  } finally {
-    const allocated = parseLlamaLog(await capture.stop());
+  // llama.cpp's load log, read when this function returns or throws: where the tensors went and the
+  // buffers llama.cpp allocated, for /health and the log.
+  await using _loadLog = captureLlamaLog(llama, (lines) => {
+    const allocated = parseLlamaLog(lines);
     report({
       placement: placementReport(modelPlan, settings, !!llama.gpu, allocated),
       memory_mib: memoryReport(modelPlan, allocated),
     });
     const moved = new Map<string, number>();
     for (const o of allocated.overridden) moved.set(o.bufferType, (moved.get(o.bufferType) ?? 0) + 1);
-    if (allocated.overridden.length) {
+    if (moved.size) {
       log.info("tensor overrides applied", { model: spec.id, tensors: Object.fromEntries(moved) });
     }
+  });
+  if (spec.kind === "embedding") {
+    const engine = await LlamaEmbeddingEngine.load(lib, {
+      modelPath: path,
+      gpuLayers: layers,
+      placement,
+      threads,
+      maxInputTokens: spec.maxInputTokens ?? 8192,
+      pooling: spec.pooling,
+      flashAttention: config.flashAttn,
+    });
+    report({ dims: engine.nativeDims, pooling: engine.pooling });
+    return engine;
   }
+  const contextSize = config.ctxSize ?? spec.contextSize ?? 32768;
+  const engine = await LlamaChatEngine.load(lib, {
+    modelPath: path,
+    gpuLayers: layers,
+    placement,
+    threads,
+    parallel,
+    contextSize,
+    toolFormat: spec.toolFormat,
+    batchSequences: spec.batchSequences,
+    flashAttention: config.flashAttn,
+    log,
+  });
+  report({
+    context_size: engine.contextSize,
+    tool_format: engine.dialect.name,
+    thinking_default: spec.thinking ?? engine.thinking.defaultOn,
+    batched_decode: engine.batching,
+  });
   return engine;
 }
 

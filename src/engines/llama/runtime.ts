@@ -40,32 +40,36 @@ export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
 }
 
 /**
- * Collects llama.cpp's log lines, down to debug level, until `stop()`: the load log that says
- * where each tensor went and how large each buffer is. Lines below warning level still go to the
- * server log at debug level only.
+ * Collects llama.cpp's log lines, down to debug level, until `stop()` (or the end of an
+ * `await using` scope), then hands them to `onStop`: the load log that says where each tensor went
+ * and how large each buffer is. Lines below warning level still go to the server log at debug
+ * level only.
  *
  * @example
  * ```ts
- * const capture = captureLlamaLog(llama);
+ * await using _log = captureLlamaLog(llama, (lines) => console.log(parseLlamaLog(lines)));
  * const model = await NativeModel.load(lib, path, layers);
- * const lines = await capture.stop();
  * ```
  */
-export function captureLlamaLog(llama: Llama): { lines: string[]; stop(): Promise<string[]> } {
+export function captureLlamaLog(
+  llama: Llama,
+  onStop: (lines: string[]) => void = () => {},
+): { lines: string[]; stop(): Promise<string[]>; [Symbol.asyncDispose](): Promise<void> } {
   const lines: string[] = [];
   const tap = (line: string) => void lines.push(line);
   taps.add(tap);
   llama.logLevel = LlamaLogLevel.debug;
-  return {
-    lines,
-    async stop() {
+  let stopped: Promise<string[]> | undefined;
+  const stop = () =>
+    stopped ??= (async () => {
       // llama.cpp's lines reach JS through the addon's queue: let any still queued arrive.
       await new Promise((r) => setTimeout(r, 0));
       taps.delete(tap);
       if (taps.size === 0) llama.logLevel = LlamaLogLevel.warn;
+      onStop(lines);
       return lines;
-    },
-  };
+    })();
+  return { lines, stop, [Symbol.asyncDispose]: async () => void await stop() };
 }
 
 /** Threads for one engine: the configured count, never more than the cores. */
