@@ -15,7 +15,7 @@ import type {
 import { EngineInputError } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { LlamaLibrary } from "./ffi.ts";
-import { Batch, type FlashAttention, NativeContext, NativeModel } from "./native.ts";
+import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeModel } from "./native.ts";
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
@@ -34,6 +34,8 @@ export interface LlamaChatOptions {
   modelPath: string;
   /** Layers on the GPU; -1 = all. */
   gpuLayers: number;
+  /** Tensor overrides and multi-GPU split (llama.cpp model parameters). */
+  placement?: ModelPlacement;
   threads: number;
   /** Sequences decoded together (requests × choices). */
   parallel: number;
@@ -130,7 +132,7 @@ export class LlamaChatEngine implements ChatEngine {
    * ```
    */
   static async load(lib: LlamaLibrary, opts: LlamaChatOptions): Promise<LlamaChatEngine> {
-    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers);
+    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers, opts.placement);
     try {
       const source = model.chatTemplate();
       if (!source) throw new Error(`'${opts.modelPath}' has no chat template (tokenizer.chat_template)`);

@@ -6,13 +6,15 @@
 import type { EmbeddingEngine } from "../types.ts";
 import type { LlamaLibrary } from "./ffi.ts";
 import { nativeView } from "./ffi.ts";
-import { Batch, type FlashAttention, NativeContext, NativeModel } from "./native.ts";
+import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeModel } from "./native.ts";
 import { Markup } from "../markup.ts";
 
 /** How to load a GGUF embedding model. */
 export interface LlamaEmbeddingOptions {
   modelPath: string;
   gpuLayers: number;
+  /** Tensor overrides and multi-GPU split (llama.cpp model parameters). */
+  placement?: ModelPlacement;
   threads: number;
   /** Longest input in tokens. */
   maxInputTokens: number;
@@ -123,7 +125,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * ```
    */
   static async load(lib: LlamaLibrary, opts: LlamaEmbeddingOptions): Promise<LlamaEmbeddingEngine> {
-    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers);
+    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers, opts.placement);
     try {
       const arch = model.meta("general.architecture");
       const pooling = opts.pooling ?? POOLING_IDS[model.meta(`${arch}.pooling_type`) ?? ""] ?? "last";
