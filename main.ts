@@ -15,6 +15,7 @@ import { resolveModelSpecs } from "./src/model_specs.ts";
 import { loadEngine } from "./src/engines/load.ts";
 import { upstreamMetricFamilies } from "./src/upstream/metrics.ts";
 import { poolOf } from "./src/upstream/load.ts";
+import { ComputeShare, type ComputeUse } from "./src/engines/compute_share.ts";
 
 async function main(): Promise<number> {
   let loaded;
@@ -83,7 +84,9 @@ async function main(): Promise<number> {
 
   const shutdown = new AbortController();
   const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal };
-  const metrics = createMetrics(registry);
+  // Every local engine takes its compute steps in turn from this one arbiter (weighted fair share).
+  const computeShare = new ComputeShare();
+  const metrics = createMetrics(registry, computeShare);
   const loopMonitor = new EventLoopMonitor((stall, lag) => {
     metrics.eventLoopStall.observe({}, stall);
     metrics.eventLoopLag.observe({}, lag);
@@ -106,6 +109,7 @@ async function main(): Promise<number> {
     maxQueuedEmbeddingTokens: config.maxQueuedEmbeddingTokens,
     corsOrigins: config.corsOrigins,
     connections: () => connections,
+    computeUsage: () => computeShare.usage(),
   });
   let connections: ConnectionWatch | null = null;
 
@@ -138,7 +142,10 @@ async function main(): Promise<number> {
     );
   }
 
-  const loading = registry.loadAll((spec, report) => loadEngine(spec, config, log, report), log);
+  const loading = registry.loadAll(
+    (spec, report) => loadEngine(spec, config, log, report, computeShare),
+    log,
+  );
 
   Deno.addSignalListener("SIGHUP", () => void reload());
   async function reload() {
@@ -199,7 +206,7 @@ async function main(): Promise<number> {
 }
 
 /** The metrics, with gauges read from the registry at scrape time. */
-function createMetrics(registry: Registry): Metrics {
+function createMetrics(registry: Registry, share: ComputeShare): Metrics {
   const stateValue = { loading: 0, loaded: 1, failed: -1 } as const;
   const engineCounter = (name: string, help: string) =>
     new CounterReader(`vserve_engine_${name}_total`, help, () =>
@@ -243,8 +250,33 @@ function createMetrics(registry: Registry): Metrics {
       "Requests waiting for a free sequence or context.",
       () => registry.slots.map((s) => [{ model: s.spec.id }, Math.max(0, s.inFlight - s.parallel)]),
     ),
+    ...computeFamilies(share),
     ...upstreamMetricFamilies(() => registry.slots.flatMap((s) => poolOf(s.engine) ?? [])),
   ]);
+}
+
+/** Each model's use of the shared compute (see src/engines/compute_share.ts). */
+function computeFamilies(share: ComputeShare) {
+  const per = (value: (u: ComputeUse) => number) => (): [Record<string, string>, number][] =>
+    share.usage().map((u) => [{ model: u.model }, value(u)]);
+  return [
+    new CounterReader(
+      "vserve_compute_seconds_total",
+      "Time in the model's compute steps (decodes, ONNX runs).",
+      per((u) => u.seconds),
+    ),
+    new CounterReader(
+      "vserve_compute_held_seconds_total",
+      "Time the compute was held for the model between two of its steps (charged to its share).",
+      per((u) => u.heldSeconds),
+    ),
+    new CounterReader("vserve_compute_steps_total", "Compute steps of the model.", per((u) => u.steps)),
+    new Gauge(
+      "vserve_compute_share",
+      "The model's weight over all local models' weights: its share of compute while all are busy.",
+      per((u) => u.share),
+    ),
+  ];
 }
 
 if (import.meta.main) {

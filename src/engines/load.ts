@@ -11,16 +11,19 @@ import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
 import { openUpstreamEngine } from "../upstream/load.ts";
+import type { ComputeShare } from "./compute_share.ts";
 
 /**
  * Loads the engine for `spec`; server-wide settings (threads, gpu, ctx size, parallel) override
- * the registry entry when given on the command line, in the environment or config file.
+ * the registry entry when given on the command line, in the environment or config file. Local
+ * engines take their compute turns from `share` (by the spec's `computeWeight`) when given.
  */
 export async function loadEngine(
   spec: ModelSpec,
   config: Config,
   log: Logger,
   report: (details: Record<string, unknown>) => void,
+  share?: ComputeShare,
 ): Promise<ChatEngine | EmbeddingEngine> {
   if (spec.backend === "openai") return await openUpstreamEngine(spec, log, report, Deno.env.toObject());
   if (!spec.source) throw new Error("a model file (source) is required");
@@ -40,6 +43,7 @@ export async function loadEngine(
   const threads = engineThreads(spec.threads ?? config.threads);
   const gpuLayers = config.gpuLayers ?? spec.gpuLayers;
   const parallel = config.parallel ?? spec.parallel;
+  const compute = share?.client(spec.id, spec.computeWeight ?? 1);
   if (spec.backend === "onnx") {
     if (spec.kind !== "embedding") throw new Error("the onnx backend serves embedding models only");
     const tokenizer = !spec.tokenizer || spec.tokenizer === "builtin:qwen3"
@@ -52,6 +56,7 @@ export async function loadEngine(
       threads,
       gpu: config.gpu === "vulkan" ? "cpu" : config.gpu,
       maxBatch: 64,
+      compute,
       log,
     });
     report({ backend: "onnx", execution_provider: provider, threads, dims: engine.nativeDims });
@@ -76,6 +81,7 @@ export async function loadEngine(
       maxInputTokens: spec.maxInputTokens ?? 8192,
       pooling: spec.pooling,
       flashAttention: config.flashAttn,
+      compute,
     });
     report({ dims: engine.nativeDims, pooling: engine.pooling });
     return engine;
@@ -90,6 +96,7 @@ export async function loadEngine(
     toolFormat: spec.toolFormat,
     batchSequences: spec.batchSequences,
     flashAttention: config.flashAttn,
+    compute,
     log,
   });
   report({

@@ -27,6 +27,7 @@ import { dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.
 import { OutputParser, type OutputPiece } from "./output_parser.ts";
 import { StopMatcher } from "./stop_strings.ts";
 import { EventQueue } from "./event_queue.ts";
+import type { ComputeClient } from "../compute_share.ts";
 
 /** How to load a GGUF chat model. */
 export interface LlamaChatOptions {
@@ -44,6 +45,8 @@ export interface LlamaChatOptions {
   batchSequences?: "auto" | "off";
   /** llama.cpp's flash attention (default `auto`). */
   flashAttention?: FlashAttention;
+  /** The model's turn on the machine's compute (see compute_share.ts). */
+  compute?: ComputeClient;
   log: Logger;
 }
 
@@ -143,6 +146,7 @@ export class LlamaChatEngine implements ChatEngine {
         flashAttention: opts.flashAttention,
         embeddings: false,
         kvUnified: false,
+        compute: opts.compute,
       });
       const batch = new Batch(lib, CHUNK + parallel);
       // One sequence has nothing to batch with.
