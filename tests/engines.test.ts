@@ -179,6 +179,31 @@ Deno.test({
 });
 
 Deno.test({
+  name: "onnx embeddings: requests share runs by tokens: 64 short inputs pass 64 long ones after one run",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { engine } = await onnxSetup();
+    try {
+      const long = await engine.tokenize("the river runs past stones ".repeat(400)); // ~2,000 tokens
+      const short = await engine.tokenize("a word");
+      const longJob = engine.embed(Array.from({ length: 64 }, () => long));
+      // Joins while the first run of long inputs runs; by tokens, all its runs come before the next long one.
+      const [shortDone] = await Promise.all([
+        engine.embed(Array.from({ length: 64 }, () => short)).then(() => engine.counters().inputs_embedded),
+        longJob,
+      ]);
+      assert.ok(
+        shortDone <= 64 + 8,
+        `${shortDone - 64} long inputs were run before the short request's (round robin by inputs: 64)`,
+      );
+    } finally {
+      await engine.dispose();
+    }
+  },
+});
+
+Deno.test({
   name: "logits: rows of one view of llama.cpp's output buffer, equal to its own rows, kept across decodes",
   sanitizeResources: false,
   sanitizeOps: false,

@@ -234,8 +234,10 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
    * each time from the request fewest-served counting this run, inputs while the longest is at
    * most twice the shortest (padding at most doubles the work) and the size and token budgets
    * allow. Costs the batch's size times the number of requests, not the number of queued inputs.
+   * Returns the run's tokens per request, charged when it has run: a request that comes meanwhile
+   * starts level with the others as they were before it, so it leads the next run.
    */
-  #nextBatch(): Pending[] {
+  #nextBatch(): { batch: Pending[]; tokens: Map<Job, number> } {
     const extra = new Map<Job, number>();
     const taken = new Map<Job, number>();
     const skipped = new Set<Job>();
@@ -264,12 +266,8 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
       taken.set(job, (taken.get(job) ?? 0) + 1);
       extra.set(job, (extra.get(job) ?? 0) + input.ids.length);
     }
-    for (const [job, n] of taken) {
-      job.next += n;
-      job.served += extra.get(job)!;
-      job.received += extra.get(job)!;
-    }
-    return batch;
+    for (const [job, n] of taken) job.next += n;
+    return { batch, tokens: extra };
   }
 
   /** Drops requests with nothing left to run. */
@@ -288,7 +286,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     this.#running = true;
     try {
       for (this.#dropCancelled(); this.#jobs.length > 0; this.#dropCancelled()) {
-        const batch = this.#nextBatch();
+        const { batch, tokens } = this.#nextBatch();
         try {
           this.#stats.runs++;
           this.#stats.tokensEvaluated += batch.reduce((n, p) => n + p.ids.length, 0);
@@ -297,6 +295,10 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
           batch.forEach((p, i) => p.resolve(vectors[i]));
         } catch (e) {
           batch.forEach((p) => p.reject(e));
+        }
+        for (const [job, n] of tokens) {
+          job.served += n;
+          job.received += n;
         }
       }
     } finally {
