@@ -171,3 +171,19 @@ Deno.test("compute share: a model that says it is idle is not held for, and a fa
   assert.equal(bAt, 1, "b started at once");
   assert.equal(await a.run(() => Promise.resolve(7)), 7, "the arbiter goes on after a failure");
 });
+
+Deno.test("compute share: steps shorter than a model's gaps run in them: nothing is held", async () => {
+  const { clock, share } = setup();
+  const a = share.client("a");
+  const b = share.client("b");
+  // `a` computes 1 ms and thinks 4 ms; `b`'s 1 ms steps fit in those gaps, so both run nearly as alone.
+  const la = busyLoop(clock, (w) => a.run(w), 1, 4);
+  const lb = busyLoop(clock, (w) => b.run(w), 1, 0.1);
+  await clock.run(1000);
+  assert.equal(share.usage().reduce((n, u) => n + u.heldSeconds, 0), 0);
+  assert.ok(la.steps > 180, `a: ${la.steps} steps (alone: 200)`);
+  assert.ok(lb.steps > 700, `b: ${lb.steps} steps`);
+  la.stop();
+  lb.stop();
+  await clock.run(1100);
+});

@@ -9,10 +9,12 @@
  * with the others, with no credit saved up. Between two of its steps a model runs JavaScript
  * (sampling, batch building) for a few milliseconds; were the turn handed on at once, a model
  * with cheap steps (chat) would find every turn taken by one with costly steps (embeddings) and
- * get a step in for each of theirs. So after a step of a model that is still owed compute, the
- * arbiter holds the next turn for it for a short while (about three of its usual gaps, at most
+ * get a step in for each of theirs. So after a step of a model that is still owed compute, when
+ * another busy model's steps are longer than this one's usual gap, the arbiter holds the next turn
+ * for it for a short while (about three of its usual gaps, at most
  * {@link ComputeShareOptions.maxHoldMs}); that wait is charged to it like compute. With equal
- * weights, each of two busy models thus keeps at least about half the speed it has alone.
+ * weights, each of two busy models thus keeps at least about half the speed it has alone. (Steps
+ * shorter than the gap run in it: the gap then overlaps compute, as without an arbiter.)
  */
 
 /** Settings of the arbiter; times in milliseconds. */
@@ -62,6 +64,8 @@ export class ComputeClient {
   releasedAt = -1;
   /** Mean milliseconds between the end of one of its steps and its next request. */
   gapMs?: number;
+  /** Mean milliseconds of its steps. */
+  stepMs?: number;
 
   constructor(readonly arbiter: ComputeShare, readonly name: string, readonly weight: number) {}
 
@@ -230,7 +234,8 @@ export class ComputeShare {
     client.vtime += seconds / client.weight;
     client.releasedAt = now;
     this.#running = undefined;
-    // Still owed compute (no one waiting is further behind) and likely back within a few ms: hold.
+    client.stepMs = client.stepMs === undefined ? now - began : 0.8 * client.stepMs + 0.2 * (now - began);
+    // Still owed compute (no one busy is further behind) and likely back within a few ms: hold.
     if (client.queue.length === 0 && this.#owed(client)) {
       const ms = Math.min(this.#maxHoldMs, Math.max(MIN_HOLD_MS, 3 * (client.gapMs ?? FIRST_HOLD_MS / 3)));
       const timer = this.#setTimer(() => {
@@ -243,15 +248,19 @@ export class ComputeShare {
     this.#dispatch();
   }
 
-  /** True when another model is busy and none of them is further behind than `client`. */
+  /**
+   * True when none of the other busy models is further behind than `client`, and one of them
+   * takes steps longer than `client`'s usual gap: then waiting out the gap costs less than the
+   * delay such a step would cause it. (Steps shorter than the gap run in it: both gain.)
+   */
   #owed(client: ComputeClient): boolean {
-    let others = false;
+    let longest = 0;
     for (const c of this.#clients) {
       if (c === client || !this.#busy(c)) continue;
-      others = true;
       if (c.vtime < client.vtime) return false;
+      longest = Math.max(longest, c.stepMs ?? Infinity);
     }
-    return others;
+    return longest > (client.gapMs ?? FIRST_HOLD_MS / 3);
   }
 
   /** Ends the hold, charging its time to the model held for. */
