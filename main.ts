@@ -145,7 +145,9 @@ async function main(): Promise<number> {
   const loading = registry.loadAll(
     (spec, report) => loadEngine(spec, config, log, report, computeShare),
     log,
-  );
+  ).then(() => {
+    for (const s of registry.slots) if (s.state === "failed") computeShare.forget(s.spec.id);
+  });
 
   Deno.addSignalListener("SIGHUP", () => void reload());
   async function reload() {

@@ -130,6 +130,15 @@ export class ComputeShare {
     return client;
   }
 
+  /** Drops the handle of `name` (a model that failed to load): its weight no longer counts. */
+  forget(name: string): void {
+    const i = this.#clients.findIndex((c) => c.name === name);
+    if (i >= 0 && this.#clients[i].queue.length === 0 && this.#running !== this.#clients[i]) {
+      if (this.#held?.client === this.#clients[i]) this.#endHold();
+      this.#clients.splice(i, 1);
+    }
+  }
+
   /** Each model's use of compute so far. */
   usage(): ComputeUse[] {
     const total = this.#clients.reduce((n, c) => n + c.weight, 0);
