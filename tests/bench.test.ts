@@ -314,6 +314,7 @@ Deno.test({
         "chat aggregate decode (tiny-moe)",
         "embeddings",
         "server overhead",
+        "mixed load (tiny-chat + tiny-embed)",
       ]
     ) assert.ok(scenarios.has(s), s);
     for (const r of report.rows as Row[]) {
