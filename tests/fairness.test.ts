@@ -4,7 +4,7 @@
  * and counters only: the share is read from /metrics over a window, never from wall time.
  */
 import assert from "node:assert/strict";
-import { postJson, startServer } from "./helpers/server.ts";
+import { postJson, runMain, startServer } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
 
 const KEY = "test-key";
@@ -204,4 +204,18 @@ serverTest("weights change the split: a chat model weighing 3 gets about 3/4 bes
   assert.equal(moe.compute.weight, 3);
   assert.equal(embed.compute.weight, 1);
   assert.equal(moe.compute.share, 3 / 6, "3 of the four local models' weights 3+1+1+1");
+});
+
+Deno.test("a --compute-weight for no configured model, or not above 0, exits 2 naming it", async () => {
+  for (
+    const [arg, reason] of [
+      ["nosuch=2", /no model 'nosuch' is configured/],
+      ["tiny-chat=0", /must be above 0/],
+      ["tiny-chat", /expected MODEL=WEIGHT/],
+    ] as const
+  ) {
+    const { code, stdout, stderr } = await runMain(["--port", "0", "--compute-weight", arg]);
+    assert.equal(code, 2, arg);
+    assert.match(stdout + stderr, reason);
+  }
 });
