@@ -42,6 +42,9 @@ interface Window {
   embedP99: number;
   /** The chat model's part of the compute charged to the two models (NaN: not exported). */
   chatPart: number;
+  /** Parts of the window in compute steps (both models) and held for a model between its steps. */
+  busy: number;
+  held: number;
 }
 
 const PROMPT_WORDS = 50;
@@ -171,6 +174,11 @@ async function window(b: MixedBench, chat: boolean, embed: boolean, tag: string)
     embedP50: embed ? percentile(sorted(embedLatency), 50) : NaN,
     embedP99: embed ? percentile(sorted(embedLatency), 99) : NaN,
     chatPart: chat && embed ? chatCharged / (chatCharged + embedCharged) : NaN,
+    busy:
+      (delta("vserve_compute_seconds_total", b.chatId) + delta("vserve_compute_seconds_total", b.embedId)) /
+      seconds,
+    held: (delta("vserve_compute_held_seconds_total", b.chatId) +
+      delta("vserve_compute_held_seconds_total", b.embedId)) / seconds,
   };
 }
 
@@ -220,6 +228,8 @@ export async function mixedLoad(b: MixedBench): Promise<void> {
     ["embeddings beside chat: request p50", "ms", "lower", (r) => r.both.embedP50],
     ["embeddings beside chat: request p99", "ms", "lower", (r) => r.both.embedP99],
     ["together: chat's part of the compute charged", "fraction", "higher", (r) => r.both.chatPart],
+    ["together: part of the window in compute steps", "fraction", "higher", (r) => r.both.busy],
+    ["together: part of the window held between a model's steps", "fraction", "lower", (r) => r.both.held],
   ];
   for (const [name, unit, better, f] of rows) {
     const values = runs.map(f).filter(Number.isFinite);

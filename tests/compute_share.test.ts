@@ -187,3 +187,20 @@ Deno.test("compute share: steps shorter than a model's gaps run in them: nothing
   lb.stop();
   await clock.run(1100);
 });
+
+Deno.test("compute share: a step longer than the credit limit (1 s) is owed back in full", async () => {
+  const { clock, share } = setup();
+  const chat = share.client("chat");
+  const embed = share.client("embed");
+  // Chat thinks 10 ms between 35 ms steps; embedding steps take a second (a slow CPU, a big batch).
+  const a = busyLoop(clock, (w) => chat.run(w), 35, 10);
+  const b = busyLoop(clock, (w) => embed.run(w), 1000, 1);
+  await clock.run(30_000);
+  const c = charged(share);
+  const part = c.chat / (c.chat + c.embed);
+  // Capping chat's credit at 0.25 s behind the end of the embedding step gave it 1/5.
+  assert.ok(part > 0.45 && part < 0.55, `chat's part ${part.toFixed(3)}`);
+  a.stop();
+  b.stop();
+  await clock.run(32_000);
+});

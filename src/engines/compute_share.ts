@@ -55,6 +55,8 @@ const MIN_HOLD_MS = 1;
 export class ComputeClient {
   /** Charged seconds over weight: who is owed the next turn. */
   vtime = 0;
+  /** Its virtual time when its last step began. */
+  stepStart = 0;
   seconds = 0;
   heldSeconds = 0;
   steps = 0;
@@ -159,10 +161,12 @@ export class ComputeShare {
     if (client.releasedAt >= 0 && gap <= BUSY_GAP_MS) {
       client.gapMs = client.gapMs === undefined ? gap : 0.8 * client.gapMs + 0.2 * gap;
     }
-    // Idle models start level with the busy ones; a busy one that used less than its share (long
-    // gaps between steps) keeps at most a little credit, so it cannot later shut the others out.
-    const floor = this.#floor(client);
-    client.vtime = Math.max(client.vtime, this.#busy(client) ? floor - MAX_CREDIT_SECONDS : floor);
+    // Idle models start level with the busy ones. A busy one that used less than its share (long
+    // gaps between steps) keeps at most a little credit beyond the others' last steps (counted
+    // from where those began: a step longer than the credit is still owed back in full).
+    client.vtime = this.#busy(client)
+      ? Math.max(client.vtime, this.#floor(client, (c) => c.stepStart) - MAX_CREDIT_SECONDS)
+      : Math.max(client.vtime, this.#floor(client, (c) => c.vtime));
     return new Promise<T>((resolve, reject) => {
       const start = () => {
         const began = this.#now();
@@ -202,10 +206,10 @@ export class ComputeShare {
       (c.releasedAt >= 0 && this.#now() - c.releasedAt <= BUSY_GAP_MS);
   }
 
-  /** The least virtual time of the other busy models: a model coming back from idle starts there. */
-  #floor(client: ComputeClient): number {
+  /** The least `at` of the other busy models (`client`'s own virtual time when there are none). */
+  #floor(client: ComputeClient, at: (c: ComputeClient) => number): number {
     let floor = Infinity;
-    for (const c of this.#clients) if (c !== client && this.#busy(c)) floor = Math.min(floor, c.vtime);
+    for (const c of this.#clients) if (c !== client && this.#busy(c)) floor = Math.min(floor, at(c));
     return floor === Infinity ? client.vtime : floor;
   }
 
@@ -240,6 +244,7 @@ export class ComputeShare {
     const seconds = (now - began) / 1000;
     client.seconds += seconds;
     client.steps++;
+    client.stepStart = client.vtime;
     client.vtime += seconds / client.weight;
     client.releasedAt = now;
     this.#running = undefined;

@@ -78,8 +78,12 @@ const RESERVED_SEQS = 4;
  * sooner turns. A step is shared between requests by tokens (see {@link allocate}).
  */
 const SHARED_STEP_TOKENS = 128;
-/** Tokens a request gets at a time while a step's tokens are dealt out. */
-const QUANTUM = 16;
+/**
+ * Tokens a request gets at a time while a step's tokens are dealt out: enough to finish a
+ * sentence-sized input in one go (requests of equal size then finish one after another, as first
+ * come first served, instead of all together at the end).
+ */
+const QUANTUM = 64;
 /**
  * A step of at most this many times (other parameters / vocabulary projection) tokens runs as one
  * decode with embedding output on, which projects every token onto the vocabulary; a longer one runs
