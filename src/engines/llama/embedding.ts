@@ -4,10 +4,12 @@
  * so the output buffer holds one row per input, not one per token, which bounds memory. Mean and
  * CLS pooling accumulate per-token states chunk by chunk.
  *
- * Requests share the engine by tokens (deficit round robin): sequences and each step's tokens go
- * to the request that has been fed the fewest tokens, a quantum at a time, so a one-word request
- * gets a sequence and its tokens in the next step even while max-size inputs hold the engine, and
- * long inputs advance in bounded chunks beside it.
+ * Requests share the engine by tokens (fair queueing): sequences and each step's tokens go, a
+ * quantum at a time, to the request that has been fed the fewest tokens, counted from the
+ * engine's virtual time when it came (the tokens each busy request would have had from an equal
+ * share). So a one-word request gets a sequence and its tokens in the next step even while
+ * max-size inputs hold the engine, long inputs advance in bounded chunks beside it, and a request
+ * part-way through is never passed for good by a stream of newer ones.
  */
 import type { EmbeddingEngine } from "../types.ts";
 import type { LlamaLibrary } from "./ffi.ts";
@@ -47,7 +49,7 @@ export interface EmbeddingStats {
 
 /** One request: its inputs share the engine with other requests' by tokens. */
 interface Job {
-  /** Tokens fed for it, counted from the level of the requests already running when it came. */
+  /** Tokens fed for it, counted from the engine's virtual time when it came. */
   served: number;
   /** Arrival order (ties go to the earlier request). */
   order: number;
@@ -84,6 +86,8 @@ const SHARED_STEP_TOKENS = 128;
  * come first served, instead of all together at the end).
  */
 const QUANTUM = 64;
+/** Most tokens a request may be owed: one that could not run for a while does not then take over. */
+const MAX_CREDIT = 128;
 /**
  * A step of at most this many times (other parameters / vocabulary projection) tokens runs as one
  * decode with embedding output on, which projects every token onto the vocabulary; a longer one runs
@@ -109,6 +113,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   /** Requests with inputs queued or in flight, in arrival order. */
   #jobs: Job[] = [];
   #jobCount = 0;
+  /** Tokens an equal share has given each busy request so far (grows by a step's tokens / requests). */
+  #vclock = 0;
   readonly #active: Input[] = [];
   readonly #freeSeqs: number[];
   #kvUsed = 0;
@@ -204,10 +210,10 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     const tooLong = sequences.find((s) => s.length > this.#ctx.nCtx - RESERVE + 1);
     if (tooLong) return Promise.reject(new Error(`an input of ${tooLong.length} tokens exceeds the context`));
     if (sequences.length === 0) return Promise.resolve([]);
-    // A newcomer starts level with the least-served request: ahead of any that has had more.
-    const served = this.#jobs.reduce((m, j) => Math.min(m, j.served), Infinity);
+    // A newcomer starts at the virtual time: ahead of requests that have had more than an equal
+    // share, behind those that have had less.
     const job: Job = {
-      served: served === Infinity ? 0 : served,
+      served: this.#vclock,
       order: this.#jobCount++,
       queued: [],
       inFlight: 0,
@@ -262,8 +268,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   }
 
   /**
-   * Moves queued inputs into free sequences, each time from the request fed the fewest tokens so
-   * far, while their tokens fit in the KV cache; 4 sequences stay free of any one request for the
+   * Moves queued inputs into free sequences, each time from the request first in line (#owed),
+   * while their tokens fit in the KV cache; 4 sequences stay free of any one request for the
    * next one. An input that does not fit yet does not hold up the others: smaller ones go past it,
    * but only into the cells it will leave free once the inputs before it finish, so it waits for
    * those alone, never for a stream of small ones.
@@ -277,7 +283,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       let job: Job | undefined;
       for (const j of this.#jobs) {
         if (j.queued.length === 0 || skipped.has(j)) continue;
-        if (!job || j.served < job.served || (j.served === job.served && j.order < job.order)) job = j;
+        const [a, b] = [this.#owed(j), job && this.#owed(job)];
+        if (!job || a < b! || (a === b && j.order < job.order)) job = j;
       }
       if (!job) break;
       const next = job.queued[0];
@@ -306,6 +313,21 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     this.stats.inputsInFlight = this.#active.length;
   }
 
+  /** A request's place in line: its tokens fed, but never more than {@link MAX_CREDIT} behind. */
+  #owed(job: Job): number {
+    return Math.max(job.served, this.#vclock - MAX_CREDIT);
+  }
+
+  /** Charges a step's tokens to their requests and moves the virtual time on by an equal share. */
+  #charge(tokens: Map<Job, number>) {
+    let total = 0;
+    for (const [job, n] of tokens) {
+      job.served = this.#owed(job) + n;
+      total += n;
+    }
+    if (this.#jobs.length > 0) this.#vclock += total / this.#jobs.length;
+  }
+
   /** Step tokens while other requests or models wait: short steps, sooner turns. */
   #stepLimit(): number {
     const shared = this.#jobs.length > 1 || (this.#ctx.compute?.contended() ?? false);
@@ -322,7 +344,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     if (await this.#onePass()) return;
     const batch = this.#batch;
     const limit = this.#stepLimit();
-    const plan = allocate(this.#active, limit, (i) => i.ids.length - 1 - i.fed);
+    const plan = allocate(this.#active, limit, (i) => i.ids.length - 1 - i.fed, (j) => this.#owed(j));
     batch.clear();
     for (const [input, n] of plan) {
       for (let i = input.fed; i < input.fed + n; i++) batch.add(input.ids[i], i, input.seq, false);
@@ -330,24 +352,22 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     if (batch.size > 0) {
       this.#ctx.setEmbeddings(false);
       await this.#decode();
-      for (const [input, n] of plan) {
-        input.fed += n;
-        input.job.served += n;
-      }
+      for (const [input, n] of plan) input.fed += n;
+      this.#charge(perJob(plan));
       // A request gone during that decode gets no output decode: nothing starts for it after its client left.
       this.#dropCancelled();
     }
     const ready = this.#active.filter((i) => i.fed === i.ids.length - 1)
-      .sort((a, b) => a.job.served - b.job.served || a.job.order - b.job.order)
+      .sort((a, b) => this.#owed(a.job) - this.#owed(b.job) || a.job.order - b.job.order)
       .slice(0, limit);
     if (ready.length === 0) return;
     batch.clear();
     const outs = ready.map((input) => batch.add(input.ids[input.fed], input.fed, input.seq, true));
     this.#ctx.setEmbeddings(true);
     await this.#decode();
+    this.#charge(perJob(new Map(ready.map((input) => [input, 1]))));
     ready.forEach((input, k) => {
       input.fed++;
-      input.job.served++;
       this.#done(input, this.#row(outs[k]).slice());
     });
   }
@@ -371,8 +391,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     });
     this.#ctx.setEmbeddings(true);
     await this.#decode();
+    this.#charge(perJob(new Map(this.#active.map((input) => [input, input.ids.length - input.fed]))));
     for (const { input, out } of outs) {
-      input.job.served += input.ids.length - input.fed;
       input.fed = input.ids.length;
       this.#done(input, this.#row(out).slice());
     }
@@ -383,7 +403,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   async #stepAll() {
     const batch = this.#batch;
     batch.clear();
-    const plan = allocate(this.#active, this.#stepLimit(), (i) => i.ids.length - i.fed);
+    const plan = allocate(this.#active, this.#stepLimit(), (i) => i.ids.length - i.fed, (j) => this.#owed(j));
     const taken: { input: Input; from: number; to: number; at: number }[] = [];
     for (const [input, n] of plan) {
       const at = batch.size;
@@ -392,6 +412,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     }
     this.#ctx.setEmbeddings(true);
     await this.#decode();
+    this.#charge(perJob(plan));
     for (const t of taken) {
       const input = t.input;
       input.sum ??= new Float64Array(this.nativeDims);
@@ -401,7 +422,6 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         for (let d = 0; d < row.length; d++) input.sum[d] += row[d];
       }
       input.fed = t.to;
-      input.job.served += t.to - t.from;
       if (input.fed === input.ids.length) {
         const n = this.pooling === "cls" ? 1 : input.ids.length;
         this.#done(input, Float32Array.from(input.sum, (v) => v / n));
@@ -445,13 +465,14 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
 
 /**
  * Deals `limit` tokens out between the requests of `active` inputs: each time a quantum to the
- * request fed the fewest tokens so far (counting this step's), within it to its input with the
+ * request first in line (`owed`, counting this step's tokens), within it to its input with the
  * least work left (`remaining`). Returns the tokens per input, in sequence order.
  */
 function allocate(
   active: readonly Input[],
   limit: number,
   remaining: (i: Input) => number,
+  owed: (j: Job) => number,
 ): Map<Input, number> {
   const plan = new Map<Input, number>();
   const extra = new Map<Job, number>();
@@ -468,7 +489,7 @@ function allocate(
     let job: Job | undefined;
     let least = Infinity;
     for (const j of open.keys()) {
-      const s = j.served + (extra.get(j) ?? 0);
+      const s = owed(j) + (extra.get(j) ?? 0);
       if (s < least || (s === least && j.order < job!.order)) [job, least] = [j, s];
     }
     const list = open.get(job!)!;
@@ -481,4 +502,11 @@ function allocate(
     if (list.length === 0) open.delete(job!);
   }
   return new Map([...plan].sort(([a], [b]) => a.seq - b.seq));
+}
+
+/** The tokens of a step's plan per request. */
+function perJob(plan: Map<Input, number>): Map<Job, number> {
+  const out = new Map<Job, number>();
+  for (const [input, n] of plan) out.set(input.job, (out.get(input.job) ?? 0) + n);
+  return out;
 }

@@ -38,6 +38,8 @@ export interface OnnxEmbeddingOptions {
 
 /** Most padded tokens in one run: bounds activation memory when long and short inputs meet. */
 const MAX_BATCH_TOKENS = 16_384;
+/** Most tokens a request may be owed: one that could not run for a while does not then take over. */
+const MAX_CREDIT = 2048;
 
 /**
  * The onnxruntime session in its worker (see `session_worker.ts`): one run at a time, answered in
@@ -101,7 +103,7 @@ interface Pending {
 interface Job {
   inputs: Pending[];
   next: number;
-  /** Tokens run for it, counted from the level of the requests already waiting when it came. */
+  /** Tokens run for it, counted from the engine's virtual time when it came. */
   served: number;
   /** Tokens actually run for it (ties of `served` go to the request that has had fewer). */
   received: number;
@@ -111,10 +113,12 @@ interface Job {
 /**
  * One session; queued sequences from all requests are run together in padded batches, so many
  * concurrent small requests cost about one run instead of many. Requests share the runs by tokens
- * (deficit round robin): each run is led by the next input of the request that has had the fewest
- * tokens run, and filled, fewest-served first, with inputs of a similar length (the longest at
- * most twice the shortest: padding at most doubles a run's work). A one-word request queued
- * behind max-size inputs leads the run after the one running; the inputs of a request whose client
+ * (fair queueing): each run is led by the next input of the request that has had the fewest tokens
+ * run, counted from the engine's virtual time when it came (the tokens each waiting request would
+ * have had from an equal share), and filled, fewest-served first, with inputs of a similar length
+ * (the longest at most twice the shortest: padding at most doubles a run's work). A one-word
+ * request queued behind max-size inputs leads the run after the one running, and a request part-way
+ * through is never passed for good by a stream of newer ones; the inputs of a request whose client
  * left are dropped before each run.
  */
 export class OnnxEmbeddingEngine implements EmbeddingEngine {
@@ -128,6 +132,8 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   /** Requests with inputs still to run, in arrival order. */
   #jobs: Job[] = [];
   #running = false;
+  /** Tokens an equal share has given each waiting request so far (grows by a run's tokens / requests). */
+  #vclock = 0;
   readonly #stats = { tokensEvaluated: 0, runs: 0, inputsDone: 0 };
 
   private constructor(
@@ -216,9 +222,9 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
 
   embed(sequences: readonly (readonly number[])[], signal?: AbortSignal): Promise<Float32Array[]> {
     signal?.throwIfAborted();
-    // A newcomer starts level with the least-served request: ahead of any that has had more.
-    const served = this.#jobs.reduce((m, j) => Math.min(m, j.served), Infinity);
-    const job: Job = { inputs: [], next: 0, served: served === Infinity ? 0 : served, received: 0, signal };
+    // A newcomer starts at the virtual time: ahead of requests that have had more than an equal
+    // share, behind those that have had less.
+    const job: Job = { inputs: [], next: 0, served: this.#vclock, received: 0, signal };
     const results = sequences.map((ids) =>
       new Promise<Float32Array>((resolve, reject) => job.inputs.push({ ids, resolve, reject }))
     );
@@ -249,7 +255,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
       let least = Infinity;
       for (const j of this.#jobs) {
         if (skipped.has(j) || j.next + (taken.get(j) ?? 0) >= j.inputs.length) continue;
-        const s = j.served + (extra.get(j) ?? 0);
+        const s = this.#owed(j) + (extra.get(j) ?? 0);
         if (!job || s < least || (s === least && j.received < job.received)) [job, least] = [j, s];
       }
       if (!job) break;
@@ -270,6 +276,11 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     return { batch, tokens: extra };
   }
 
+  /** A request's place in line: its tokens run, but never more than {@link MAX_CREDIT} behind. */
+  #owed(job: Job): number {
+    return Math.max(job.served, this.#vclock - MAX_CREDIT);
+  }
+
   /** Drops requests with nothing left to run. */
   #removeDone() {
     this.#jobs = this.#jobs.filter((j) => j.next < j.inputs.length);
@@ -286,6 +297,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     this.#running = true;
     try {
       for (this.#dropCancelled(); this.#jobs.length > 0; this.#dropCancelled()) {
+        const waiting = this.#jobs.length;
         const { batch, tokens } = this.#nextBatch();
         try {
           this.#stats.runs++;
@@ -296,10 +308,13 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
         } catch (e) {
           batch.forEach((p) => p.reject(e));
         }
+        let total = 0;
         for (const [job, n] of tokens) {
-          job.served += n;
+          job.served = this.#owed(job) + n;
           job.received += n;
+          total += n;
         }
+        this.#vclock += total / waiting;
       }
     } finally {
       this.#running = false;
