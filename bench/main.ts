@@ -33,6 +33,7 @@ import {
 import denoJson from "../deno.json" with { type: "json" };
 import { affinityGain, type GatewayBench, gatewayOverhead } from "./gateway.ts";
 import { samplerCost } from "./sampler.ts";
+import { mixedLoad } from "./mixed.ts";
 
 let opt: BenchOptions;
 try {
@@ -291,6 +292,7 @@ try {
   if (opt.scenarios.has("features")) await features();
   if (opt.scenarios.has("gateway")) await gateway();
   if (opt.scenarios.has("sampler")) await sampler();
+  if (opt.scenarios.has("mixed")) await mixed();
   await memory();
 
   const facts = {
@@ -658,6 +660,25 @@ async function sampler() {
     quick ? 100 : 400,
     (metric, values) => record("sampler (in-process)", metric, "µs", "lower", { http: values }),
   );
+}
+
+/** A chat model and the embedding model loaded together: see bench/mixed.ts (vserve only). */
+async function mixed() {
+  const chat = chatModels[0];
+  await mixedLoad({
+    url: server!.url,
+    key: KEY,
+    chatId: chat.id,
+    embedId: EMBED,
+    clients: opt.mixedClients,
+    seconds: opt.mixedSeconds,
+    reps,
+    decodeTokens,
+    record: (metric, unit, better, values) =>
+      record(`mixed load (${chat.preset} + ${embedPreset})`, metric, unit, better, { http: values }),
+    log,
+  });
+  log("mixed done");
 }
 
 async function memory() {

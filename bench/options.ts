@@ -7,9 +7,12 @@ export const USAGE = `deno task bench [options]
   --quick                      1 repetition, 32 decode tokens, fewer streams and sentences (< 2 min alone)
   --tiny                       the tiny presets: checks the harness, not the speed
   --reps N                     repetitions (default 3; --quick: 1)
-  --scenarios LIST             chat,concurrency,embeddings,overhead,features,gateway,sampler (default: all);
-                               gateway: vserve in front of vserve (overhead, gain of prefix affinity);
-                               sampler: the sampler's kernels against plain JavaScript, in-process
+  --scenarios LIST             chat,concurrency,embeddings,overhead,features,gateway,sampler,mixed
+                               (default: all); gateway: vserve in front of vserve (overhead, gain of
+                               prefix affinity); sampler: the sampler's kernels against plain JavaScript,
+                               in-process; mixed: chat streams and embedding clients, alone and together
+  --mixed-clients N            mixed: concurrent clients of each model (default 64; --quick: 16; --tiny: 4)
+  --mixed-seconds N            mixed: length of each window (default 30; --quick: 15; --tiny: 4)
   --chat-models LIST           dense,moe: bench-chat (Qwen3-0.6B shape) and bench-moe (Qwen3.6-35B-A3B's
                                per-token compute, 16 experts); with --tiny: tiny-chat, tiny-moe
                                (default: both)
@@ -65,6 +68,9 @@ export interface BenchOptions {
   decodeTokens: number;
   promptWords: number;
   sentenceCount: number;
+  /** The mixed scenario: clients of each model, and seconds per window. */
+  mixedClients: number;
+  mixedSeconds: number;
   baseline?:
     | { kind: "llama-server"; binary?: string; cache?: string; cpu: string }
     | { kind: "url"; url: string; key: string; chatModel?: string; embeddingModel?: string };
@@ -73,7 +79,16 @@ export interface BenchOptions {
 /** A command line that cannot run; the message says why. */
 export class UsageError extends Error {}
 
-const SCENARIOS = ["chat", "concurrency", "embeddings", "overhead", "features", "gateway", "sampler"];
+const SCENARIOS = [
+  "chat",
+  "concurrency",
+  "embeddings",
+  "overhead",
+  "features",
+  "gateway",
+  "sampler",
+  "mixed",
+];
 
 /**
  * Parses the benchmark's flags (and the environment variables that stand in for some of them).
@@ -100,6 +115,8 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
         ctx: { type: "string" },
         "embed-slots": { type: "string" },
         "embed-backend": { type: "string", default: "llama" },
+        "mixed-clients": { type: "string" },
+        "mixed-seconds": { type: "string" },
         out: { type: "string", default: "bench/results" },
         "in-process": { type: "boolean" },
         "no-in-process": { type: "boolean" },
@@ -203,6 +220,8 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
     decodeTokens: quick ? 32 : 128,
     promptWords: quick ? 120 : 400, // ~1.25 tokens per word: ~500 tokens in full mode
     sentenceCount: quick ? 16 : 64,
+    mixedClients: int("mixed-clients", values["mixed-clients"], 1) ?? (values.tiny ? 4 : quick ? 16 : 64),
+    mixedSeconds: int("mixed-seconds", values["mixed-seconds"], 1) ?? (values.tiny ? 4 : quick ? 15 : 30),
     baseline,
   };
 }

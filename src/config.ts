@@ -37,6 +37,10 @@ export const ConfigSchema = z.object({
   idleTimeoutMs: z.number().int().min(0).default(60_000),
   maxQueuedEmbeddingTokens: z.number().int().min(1).default(262_144),
   maxEmbeddingInputs: z.number().int().min(1).default(2048),
+  /** `MODEL=WEIGHT` pairs: the model's weight in the machine's compute share (registry `computeWeight`). */
+  computeWeights: z.array(
+    z.string().regex(/^[^=\s]+=(?:\d+(?:\.\d+)?|\.\d+)$/, "expected MODEL=WEIGHT, e.g. tiny-chat=2"),
+  ).default([]),
   corsOrigins: z.array(z.string()).default([]),
   tlsCert: z.string().optional(),
   tlsKey: z.string().optional(),
@@ -167,6 +171,12 @@ export const SETTINGS: readonly Setting[] = [
     flag: "max-embedding-inputs",
     kind: "int",
     help: "entries per embeddings request",
+  },
+  {
+    key: "computeWeights",
+    flag: "compute-weight",
+    kind: "list",
+    help: "MODEL=WEIGHT: the model's share of compute against the others (default 1 each); repeatable",
   },
   {
     key: "corsOrigins",

@@ -68,6 +68,11 @@ export const ModelSpecSchema = z.object({
    * (recurrent and hybrid models); `off`: one sequence per decode.
    */
   batchSequences: z.enum(["auto", "off"]).default("auto"),
+  /**
+   * The model's weight in the machine's compute share: models busy at once get compute time in
+   * proportion to their weights (default 1: equal shares).
+   */
+  computeWeight: z.number().positive().max(1000).optional(),
 }).strict().superRefine((m, ctx) => {
   const remote = m.backend === "openai";
   if (m.cpuMoe && m.nCpuMoe !== undefined) {

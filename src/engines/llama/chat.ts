@@ -28,6 +28,7 @@ import { OutputParser, type OutputPiece } from "./output_parser.ts";
 import { StopMatcher } from "./stop_strings.ts";
 import { EventQueue } from "./event_queue.ts";
 import { Slicer } from "../../event_loop.ts";
+import type { ComputeClient } from "../compute_share.ts";
 
 /** How to load a GGUF chat model. */
 export interface LlamaChatOptions {
@@ -47,6 +48,8 @@ export interface LlamaChatOptions {
   batchSequences?: "auto" | "off";
   /** llama.cpp's flash attention (default `auto`). */
   flashAttention?: FlashAttention;
+  /** The model's turn on the machine's compute (see compute_share.ts). */
+  compute?: ComputeClient;
   log: Logger;
 }
 
@@ -155,6 +158,7 @@ export class LlamaChatEngine implements ChatEngine {
         flashAttention: opts.flashAttention,
         embeddings: false,
         kvUnified: false,
+        compute: opts.compute,
       });
       const batch = new Batch(lib, CHUNK + parallel);
       // One sequence has nothing to batch with.
