@@ -33,6 +33,8 @@ export const ModelSpecSchema = z.object({
   threads: z.number().int().min(1).optional(),
   gpuLayers: z.union([z.number().int().min(0), z.literal("auto"), z.literal("max")]).optional(),
   parallel: z.number().int().min(1).max(256).default(4),
+  /** Chat models: host memory for saved prompt states (the prompt cache), MiB; 0 = none. */
+  cacheRam: z.number().int().min(0).max(16 * 1024 * 1024).optional(),
   pooling: z.enum(["last", "mean", "cls"]).optional(),
   maxInputTokens: z.number().int().min(1).optional(),
   nativeDims: z.number().int().min(1).optional(),

@@ -90,10 +90,12 @@ export async function loadEngine(
     toolFormat: spec.toolFormat,
     batchSequences: spec.batchSequences,
     flashAttention: config.flashAttn,
+    promptCacheMiB: config.cacheRam ?? spec.cacheRam,
     log,
   });
   report({
     context_size: engine.contextSize,
+    prompt_cache_mib: engine.promptCacheMiB,
     tool_format: engine.dialect.name,
     thinking_default: spec.thinking ?? engine.thinking.defaultOn,
     batched_decode: engine.batching,
