@@ -377,9 +377,9 @@ export class Scheduler {
         this.stats.prefixWaits++;
         return;
       }
-      if (now) return this.#start(r, await this.#take(primary, now, prompt));
+      if (now) return this.#start(r, await this.#take(primary, now, r));
       await this.#preserve(primary, own);
-      this.#start(r, await this.#reuse(primary, prompt));
+      this.#start(r, await this.#reuse(primary, r));
     } catch (e) {
       this.#reset(primary);
       this.#finish(r, e);
@@ -392,21 +392,10 @@ export class Scheduler {
     r.fed = cached;
     r.key = r.arrival + r.job.prompt.length - cached;
     this.stats.promptTokensReused += cached;
-    // Chunks end at multiples of the chunk size and at turn starts: they depend on the prompt
-    // alone, so a prompt is always cut the same way, whatever else runs.
-    // A checkpoint only pays off after a long enough prefix: shorter ones are cheap to recompute,
-    // and every cut costs the chunk before it a pass over the weights.
-    const hints = [...(r.job.checkpoints ?? [])].filter((p) =>
-      p >= this.#opts.chunk && p < r.job.prompt.length
-    );
-    // Prompt log-probabilities need every token's logits: small chunks bound that output buffer.
-    const chunk = r.job.onPromptLogits ? 64 : this.#opts.chunk;
-    // (Turn starts matter only where checkpoints are taken: recurrent models.)
-    const cuts = new Set(this.#model.recurrent ? hints : []);
-    for (let p = chunk; p < r.job.prompt.length; p += chunk) cuts.add(p);
-    r.boundaries = [...cuts].sort((a, b) => a - b);
+    r.boundaries = this.#cuts(r.job);
     r.checkpointAt.clear();
     if (this.#model.recurrent) {
+      const hints = this.#checkpointHints(r.job);
       const spacing = this.#opts.checkpointSpacing;
       let last = -Infinity;
       const marks = hints.filter((p) => p > r.fed).sort((a, b) => a - b);
@@ -417,6 +406,28 @@ export class Scheduler {
         }
       });
     }
+  }
+
+  /**
+   * Where `job`'s prompt chunks end (besides its end). They depend on the prompt alone, so a prompt
+   * is always cut the same way, whatever else runs: at multiples of the chunk size and, for
+   * recurrent models (where checkpoints are taken), at turn starts.
+   */
+  #cuts(job: GenerationJob): number[] {
+    // Prompt log-probabilities need every token's logits: small chunks bound that output buffer.
+    const chunk = job.onPromptLogits ? 64 : this.#opts.chunk;
+    const cuts = new Set(this.#model.recurrent ? this.#checkpointHints(job) : []);
+    for (let p = chunk; p < job.prompt.length; p += chunk) cuts.add(p);
+    return [...cuts].sort((a, b) => a - b);
+  }
+
+  /**
+   * Turn starts where a checkpoint may be taken. One only pays off after a long enough prefix:
+   * shorter ones are cheap to recompute, and every cut costs the chunk before it a pass over the
+   * weights.
+   */
+  #checkpointHints(job: GenerationJob): number[] {
+    return [...(job.checkpoints ?? [])].filter((p) => p >= this.#opts.chunk && p < job.prompt.length);
   }
 
   /**
@@ -483,7 +494,7 @@ export class Scheduler {
     for (const o of this.#running) {
       if (o === r || o.failed || o.follows || o.fed >= o.job.prompt.length || o.slots.length === 0) continue;
       const shared = Math.min(commonPrefix(o.job.prompt, prompt), prompt.length - 1);
-      let target = shared;
+      let target = exactResume(this.#cuts(r.job), prompt.length, shared);
       if (this.#model.recurrent) {
         target = 0;
         for (const b of [...o.boundaries, o.job.prompt.length]) if (b <= shared && b > target) target = b;
@@ -505,11 +516,11 @@ export class Scheduler {
         if (tokens > own) {
           this.#start(
             r,
-            await this.#take(primary, { kind: "slot", slot: leader.slots[0], tokens }, r.job.prompt),
+            await this.#take(primary, { kind: "slot", slot: leader.slots[0], tokens }, r),
           );
         } else {
           await this.#preserve(primary, own);
-          this.#start(r, await this.#reuse(primary, r.job.prompt));
+          this.#start(r, await this.#reuse(primary, r));
         }
       } catch (e) {
         this.#reset(primary);
@@ -522,7 +533,7 @@ export class Scheduler {
    * Replaces `slot`'s memory by a copy of `source` (another sequence, or a saved state) and cuts it
    * back to what `prompt` can use; returns that number of tokens.
    */
-  async #take(slot: Slot, source: Source, prompt: readonly number[]): Promise<number> {
+  async #take(slot: Slot, source: Source, r: Running): Promise<number> {
     await this.#preserve(slot, 0);
     this.#reset(slot);
     if (source.kind === "slot") {
@@ -530,7 +541,7 @@ export class Scheduler {
       this.#copying.add(source.slot.seq).add(slot.seq);
       slot.tokens = [...source.slot.tokens];
       slot.checkpoints = [...source.slot.checkpoints];
-      const kept = await this.#reuse(slot, prompt);
+      const kept = await this.#reuse(slot, r);
       this.stats.prefixCopies++;
       this.stats.promptTokensCopied += kept;
       return kept;
@@ -543,7 +554,7 @@ export class Scheduler {
     }
     slot.tokens = [...source.entry.tokens];
     slot.checkpoints = [...source.entry.checkpoints];
-    const kept = await this.#reuse(slot, prompt);
+    const kept = await this.#reuse(slot, r);
     this.#cache!.hit(source.entry, kept);
     return kept;
   }
@@ -576,9 +587,11 @@ export class Scheduler {
     }
   }
 
-  /** Cuts `slot`'s memory back to what `prompt` can reuse; returns the number of reused tokens. */
-  async #reuse(slot: Slot, prompt: readonly number[]): Promise<number> {
-    const p = Math.min(commonPrefix(slot.tokens, prompt), prompt.length - 1);
+  /** Cuts `slot`'s memory back to what `r`'s prompt can reuse; returns the number of reused tokens. */
+  async #reuse(slot: Slot, r: Running): Promise<number> {
+    const prompt = r.job.prompt;
+    let p = Math.min(commonPrefix(slot.tokens, prompt), prompt.length - 1);
+    if (!this.#model.recurrent) p = exactResume(this.#cuts(r.job), prompt.length, p);
     if (p === slot.tokens.length) return p;
     if (!this.#model.recurrent) {
       if (this.#ctx.removeTokens(slot.seq, p)) {
@@ -879,4 +892,39 @@ export class Scheduler {
     }
     this.#wake?.();
   }
+}
+
+/**
+ * ggml's CPU flash attention computes a chunk of at least this many query rows in tiles (F32 matrix
+ * products), fewer row by row (F16 dot products), and one row over 512 or more KV cells split across
+ * threads: the three round differently. (`GGML_FA_TILE_Q`.)
+ */
+const ATTENTION_TILE_ROWS = 64;
+
+/**
+ * Where a prompt (cut at `cuts`) whose first `held` tokens are in memory resumes, for a KV cache
+ * that can be cut anywhere: at most `held`, and far enough back that the chunk it then computes up
+ * to the next cut takes the attention path of the chunk the prompt computes there alone (at least
+ * 64 rows, 2 to 63, or one). Then it computes exactly as alone (flash attention on CPU included),
+ * for at most 63 tokens recomputed.
+ *
+ * @example
+ * ```ts
+ * exactResume([512], 722, 708); // 658: rows 658-721 in one chunk of 64, as 512-721 alone
+ * ```
+ */
+export function exactResume(cuts: readonly number[], length: number, held: number): number {
+  let start = 0;
+  let end = length;
+  for (const c of cuts) {
+    if (c <= held) start = c;
+    else {
+      end = c;
+      break;
+    }
+  }
+  const alone = end - start;
+  if (alone >= ATTENTION_TILE_ROWS) return Math.min(held, end - ATTENTION_TILE_ROWS);
+  if (alone === 1) return held;
+  return Math.min(held, end - 2);
 }
