@@ -33,6 +33,7 @@ import {
 import denoJson from "../deno.json" with { type: "json" };
 import { affinityGain, type GatewayBench, gatewayOverhead } from "./gateway.ts";
 import { samplerCost } from "./sampler.ts";
+import { agentConversations, promptBurst } from "./agents.ts";
 
 let opt: BenchOptions;
 try {
@@ -286,6 +287,8 @@ try {
   await warmUp();
   if (opt.scenarios.has("chat")) await chatSingle();
   if (opt.scenarios.has("concurrency")) await chatConcurrency();
+  if (opt.scenarios.has("burst")) await burst();
+  if (opt.scenarios.has("agents")) await agents();
   if (opt.scenarios.has("embeddings")) await embeddings();
   if (opt.scenarios.has("overhead")) await overhead();
   if (opt.scenarios.has("features")) await features();
@@ -443,6 +446,92 @@ async function chatConcurrency() {
         samples(results, (x) => x),
       );
     }
+  }
+}
+
+/** Whether `side` takes part in the prompt scenarios (the servers: the in-process column measures HTTP). */
+function promptSide(side: Side, id: string): boolean {
+  return side.key !== "inProcess" && servesChat(side, id);
+}
+
+/**
+ * Distinct long prompts sent at once: when each one's first token comes (first, median, last), and the
+ * prompt tokens processed per second until the last one.
+ */
+async function burst() {
+  const { prompts, words, replyTokens } = opt.burst;
+  for (const m of chatModels) {
+    const label = `chat prompt burst (${m.preset})`;
+    const results = await perRep(
+      (s) => promptSide(s, m.id),
+      (side, rep) =>
+        promptBurst((body) => side.chat!(m.id, body)!, prompts, words, replyTokens, `${side.key}${rep}`),
+      `${label}: ${prompts} prompts`,
+    );
+    const tokens = Math.round((results.get("http")?.[0]?.promptTokens ?? 0) / prompts);
+    const what = `${prompts} distinct ~${tokens}-token prompts at once`;
+    record(label, `${what}: first one's first token`, "ms", "lower", samples(results, (r) => r.firsts[0]));
+    record(
+      label,
+      `${what}: median first token`,
+      "ms",
+      "lower",
+      samples(results, (r) => percentile(r.firsts, 50)),
+    );
+    record(label, `${what}: last first token`, "ms", "lower", samples(results, (r) => r.firsts.at(-1)!));
+    record(
+      label,
+      `${what}: aggregate prompt processing (to the last first token)`,
+      "tok/s",
+      "higher",
+      samples(results, (r) => r.promptTokens / (r.firsts.at(-1)! / 1000)),
+    );
+  }
+}
+
+/**
+ * Agent conversations sharing a long system prompt, more of them than slots, several turns each: time to
+ * first token of first and later turns, the share of prompt tokens served from cache, the wall time.
+ */
+async function agents() {
+  const a = opt.agents;
+  for (const m of chatModels) {
+    const label =
+      `agents (${m.preset}): ${a.conversations} conversations × ${a.turns} turns, ${a.concurrency} at a time`;
+    const results = await perRep(
+      (s) => promptSide(s, m.id),
+      (side, rep) => agentConversations((body) => side.chat!(m.id, body)!, a, `${side.key}${rep}`),
+      label,
+    );
+    const first = results.get("http")?.[0]?.firstPromptTokens ?? 0;
+    const p50 = (v: number[]) => percentile([...v].sort((x, y) => x - y), 50);
+    record(label, `first-turn time to first token p50 (${first}-token first prompt)`, "ms", "lower", {
+      ...samples(results, (r) => p50(r.firstTurn)),
+    });
+    if (a.turns > 1) {
+      record(
+        label,
+        "later-turn time to first token p50",
+        "ms",
+        "lower",
+        samples(results, (r) => p50(r.laterTurns)),
+      );
+    }
+    record(
+      label,
+      "prompt tokens taken from the server's cache",
+      "%",
+      "higher",
+      samples(results, (r) => 100 * r.cachedTokens / r.promptTokens),
+    );
+    record(
+      label,
+      "prompt tokens computed",
+      "tokens",
+      "lower",
+      samples(results, (r) => r.promptTokens - r.cachedTokens),
+    );
+    record(label, "wall time", "s", "lower", samples(results, (r) => r.wallMs / 1000));
   }
 }
 
