@@ -92,6 +92,8 @@ interface Side {
   /** Returns the number of prompt tokens the server counted, when it says. */
   embed?: (input: string | string[]) => Promise<number | undefined>;
   models?: () => Promise<void>;
+  /** CPU seconds its server processes have used so far (user + system), for the prompt scenarios. */
+  cpuSeconds?: () => Promise<number>;
 }
 
 /** A side reached through the OpenAI client: the same code for vserve and every baseline. */
@@ -192,14 +194,15 @@ try {
   const vserve = server;
   cleanups.push(() => vserve.stop());
   const client = openai(server.url, KEY);
-  sides.push(
-    httpSide("http", {
+  sides.push({
+    ...httpSide("http", {
       chat: new Map(chatModels.map((m) => [m.id, { api: client, model: m.id }])),
       embed: client,
       embedModel: EMBED,
       models: client,
     }),
-  );
+    cpuSeconds: () => cpuSeconds([vserve.pid]),
+  });
 
   if (opt.inProcess) {
     log("loading the in-process engines");
@@ -261,14 +264,15 @@ try {
     const embed = await startLlamaServer(llamaServerBinary, embedArgs, `${opt.out}/llama-server-embed.log`);
     llamaServers.embed = embed;
     cleanups.push(() => embed.stop());
-    sides.push(
-      httpSide("baseline", {
+    sides.push({
+      ...httpSide("baseline", {
         chat: chatApis,
         embed: openai(embed.url, KEY),
         embedModel: EMBED,
         models: [...chatApis.values()][0].api,
       }),
-    );
+      cpuSeconds: () => cpuSeconds([...llamaServers.chat.map((c) => c.pid), embed.pid]),
+    });
   } else if (opt.baseline?.kind === "url") {
     const b = opt.baseline;
     if (b.chatModel) baselineChats.add(chatModels[0].id);
@@ -465,7 +469,11 @@ async function burst() {
     const results = await perRep(
       (s) => promptSide(s, m.id),
       (side, rep) =>
-        promptBurst((body) => side.chat!(m.id, body)!, prompts, words, replyTokens, `${side.key}${rep}`),
+        withCpu(
+          side,
+          () =>
+            promptBurst((body) => side.chat!(m.id, body)!, prompts, words, replyTokens, `${side.key}${rep}`),
+        ),
       `${label}: ${prompts} prompts`,
     );
     const tokens = Math.round((results.get("http")?.[0]?.promptTokens ?? 0) / prompts);
@@ -486,7 +494,32 @@ async function burst() {
       "higher",
       samples(results, (r) => r.promptTokens / (r.firsts.at(-1)! / 1000)),
     );
+    recordCpu(label, `${what}: CPU time of the server`, results);
   }
+}
+
+/** Runs `run` and adds the CPU seconds `side`'s servers used meanwhile (NaN when unknown). */
+async function withCpu<T>(side: Side, run: () => Promise<T>): Promise<T & { cpu: number }> {
+  const before = await side.cpuSeconds?.() ?? NaN;
+  const result = await run();
+  return { ...result, cpu: (await side.cpuSeconds?.() ?? NaN) - before };
+}
+
+/** A row of server CPU seconds, when every side measured them. */
+function recordCpu(label: string, metric: string, results: Map<Side["key"], { cpu: number }[]>) {
+  const cpu = samples(results, (r) => r.cpu);
+  if (Object.values(cpu).flat().every(Number.isFinite)) record(label, metric, "s", "lower", cpu);
+}
+
+/** CPU seconds (user + system) the processes `pids` have used, from /proc (Linux; NaN elsewhere). */
+async function cpuSeconds(pids: number[]): Promise<number> {
+  let ticks = 0;
+  for (const pid of pids) {
+    const stat = await Deno.readTextFile(`/proc/${pid}/stat`).catch(() => "");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    ticks += Number(fields[11]) + Number(fields[12]); // utime, stime (fields 14, 15)
+  }
+  return ticks / 100; // USER_HZ
 }
 
 /**
@@ -500,7 +533,8 @@ async function agents() {
       `agents (${m.preset}): ${a.conversations} conversations × ${a.turns} turns, ${a.concurrency} at a time`;
     const results = await perRep(
       (s) => promptSide(s, m.id),
-      (side, rep) => agentConversations((body) => side.chat!(m.id, body)!, a, `${side.key}${rep}`),
+      (side, rep) =>
+        withCpu(side, () => agentConversations((body) => side.chat!(m.id, body)!, a, `${side.key}${rep}`)),
       label,
     );
     const first = results.get("http")?.[0]?.firstPromptTokens ?? 0;
@@ -532,6 +566,7 @@ async function agents() {
       samples(results, (r) => r.promptTokens - r.cachedTokens),
     );
     record(label, "wall time", "s", "lower", samples(results, (r) => r.wallMs / 1000));
+    recordCpu(label, "CPU time of the server", results);
   }
 }
 

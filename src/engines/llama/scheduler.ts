@@ -194,7 +194,8 @@ export class Scheduler {
    * the next decode, so until then a copy's source must not be overwritten by a restore, nor its
    * destination saved or restored into.
    */
-  readonly #copying = new Set<number>();
+  readonly #copiedFrom = new Set<number>();
+  readonly #copiedTo = new Set<number>();
   #looping = false;
   #wake: (() => void) | undefined;
   #clock = 0;
@@ -476,7 +477,7 @@ export class Scheduler {
       if (tokens > (best?.tokens ?? 0)) best = { kind: "slot", slot: s, tokens };
     }
     // A restore writes at once, while a pending copy from or to the sequence would land on it later.
-    if (this.#cache && !this.#copying.has(primary.seq)) {
+    if (this.#cache && !this.#copiedFrom.has(primary.seq) && !this.#copiedTo.has(primary.seq)) {
       const found = this.#cache.best(prompt);
       if (found && found.tokens > (best?.tokens ?? 0)) best = { kind: "cache", ...found };
     }
@@ -538,7 +539,8 @@ export class Scheduler {
     this.#reset(slot);
     if (source.kind === "slot") {
       this.#ctx.copySequence(source.slot.seq, slot.seq);
-      this.#copying.add(source.slot.seq).add(slot.seq);
+      this.#copiedFrom.add(source.slot.seq);
+      this.#copiedTo.add(slot.seq);
       slot.tokens = [...source.slot.tokens];
       slot.checkpoints = [...source.slot.checkpoints];
       const kept = await this.#reuse(slot, r);
@@ -565,7 +567,7 @@ export class Scheduler {
    */
   async #preserve(slot: Slot, keep: number) {
     const cache = this.#cache;
-    if (!cache || slot.tokens.length - keep < MIN_REUSE || this.#copying.has(slot.seq)) return;
+    if (!cache || slot.tokens.length - keep < MIN_REUSE || this.#copiedTo.has(slot.seq)) return;
     const recurrent = this.#model.recurrent;
     // A waiting follower's sequence is about to be replaced: it keeps nothing for anyone.
     const replaced = new Set(this.#running.filter((r) => r.follows).map((r) => r.slots[0]));
@@ -788,7 +790,8 @@ export class Scheduler {
     const decodeStart = performance.now();
     try {
       await this.#ctx.decode(this.#batch);
-      this.#copying.clear();
+      this.#copiedFrom.clear();
+      this.#copiedTo.clear();
       return true;
     } catch (e) {
       for (const r of jobs) {
@@ -819,7 +822,8 @@ export class Scheduler {
       await this.#preserve(s, 0);
       this.#reset(s);
       this.#ctx.copySequence(primary.seq, s.seq);
-      this.#copying.add(primary.seq).add(s.seq);
+      this.#copiedFrom.add(primary.seq);
+      this.#copiedTo.add(s.seq);
       s.tokens = [...primary.tokens];
     }
     r.choices = r.job.choices.map((spec, index) => ({
