@@ -389,19 +389,26 @@ Deno.test({
         m.chat(system, q)
       );
       const { s } = await m.scheduler(4);
-      const leader = new AbortController();
-      const gone = new AbortController();
+      const [leader, gone] = [new AbortController(), new AbortController()];
       const evaluated: number[] = [];
       const cancelled = assert.rejects(m.run(s, a, { signal: leader.signal }), /left/);
       const leaving = assert.rejects(m.run(s, c, { signal: gone.signal }), /left/);
       const follower = m.run(s, b, { onPrompt: () => evaluated.push(s.stats.promptTokensEvaluated) });
-      // The leader's first chunk is done: both others wait for its prefix; the leader's client leaves.
-      while (s.stats.promptTokensEvaluated < 512) await new Promise((r) => setTimeout(r, 1));
-      assert.equal(s.stats.prefixWaits, 2);
-      gone.abort(new Error("client left"));
-      leader.abort(new Error("client left"));
+      // (Every job settles before the model is freed, whatever fails.)
+      const settled = Promise.allSettled([cancelled, leaving, follower]);
+      let waits: number;
+      try {
+        // The leader's first chunk is done: both others wait for its prefix; the leader's client leaves.
+        while (s.stats.promptTokensEvaluated < 512) await new Promise((r) => setTimeout(r, 1));
+        waits = s.stats.prefixWaits;
+      } finally {
+        gone.abort(new Error("client left"));
+        leader.abort(new Error("client left"));
+      }
       await Promise.all([leaving, cancelled]);
+      await settled;
       const result = await follower;
+      assert.equal(waits, 2, "both others waited for the leader's prefix");
       assert.ok(result.cached >= 512, `the follower took what the leader had computed (${result.cached})`);
       const leaderWork = evaluated[0] - (b.length - result.cached);
       // (One or two chunks of the leader, the second one up to its prompt's end.)
