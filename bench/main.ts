@@ -190,7 +190,11 @@ try {
 
   const serverArgs = ["--models", registry, "--threads", String(threads), "--gpu", "cpu"];
   log(`starting vserve (threads ${threads}, ${chatParallel} chat slots × ${chatCtx} tokens)`);
-  server = await startServer([...serverArgs, "--api-key", KEY], { waitReady: true, timeoutMs: 600_000 });
+  // (An hour per request: a loaded machine must slow the long prompt scenarios down, not fail them.)
+  server = await startServer([...serverArgs, "--api-key", KEY, "--request-timeout-ms", "3600000"], {
+    waitReady: true,
+    timeoutMs: 600_000,
+  });
   const vserve = server;
   cleanups.push(() => vserve.stop());
   const client = openai(server.url, KEY);
