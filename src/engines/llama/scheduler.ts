@@ -493,7 +493,7 @@ export class Scheduler {
     const prompt = r.job.prompt;
     let best: { leader: Running; target: number } | undefined;
     for (const o of this.#running) {
-      if (o === r || o.failed || o.follows || o.fed >= o.job.prompt.length || o.slots.length === 0) continue;
+      if (o === r || o.failed || o.follows || o.fed >= o.job.prompt.length) continue;
       const shared = Math.min(commonPrefix(o.job.prompt, prompt), prompt.length - 1);
       let target = exactResume(this.#cuts(r.job), prompt.length, shared);
       if (this.#model.recurrent) {
