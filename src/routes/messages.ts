@@ -45,18 +45,20 @@ export async function postMessages(
  * ```ts
  * import type { CountTokensRequest } from "../protocol/anthropic.ts";
  * import type { ChatEngine } from "../engines/types.ts";
- * function count(body: CountTokensRequest, engine: ChatEngine) {
- *   return postCountTokens(body, engine, undefined, "req-1");
+ * async function count(body: CountTokensRequest, engine: ChatEngine, signal: AbortSignal) {
+ *   return await postCountTokens(body, engine, undefined, "req-1", signal);
  * }
  * ```
  */
-export function postCountTokens(
+export async function postCountTokens(
   req: CountTokensRequest,
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
   requestId: string,
-): Response {
-  return jsonResponse(countTokens(req, engine, defaultThinking), 200, { "request-id": requestId });
+  signal?: AbortSignal,
+): Promise<Response> {
+  const count = await countTokens(req, engine, defaultThinking, signal);
+  return jsonResponse(count, 200, { "request-id": requestId });
 }
 
 /**

@@ -92,16 +92,17 @@ export async function createMessage(
  * ```ts
  * import type { CountTokensRequest } from "../protocol/anthropic.ts";
  * import type { ChatEngine } from "../engines/types.ts";
- * function count(body: CountTokensRequest, engine: ChatEngine) {
- *   return countTokens(body, engine, undefined); // { input_tokens: 1234 }
+ * async function count(body: CountTokensRequest, engine: ChatEngine, signal: AbortSignal) {
+ *   return await countTokens(body, engine, undefined, signal); // { input_tokens: 1234 }
  * }
  * ```
  */
-export function countTokens(
+export async function countTokens(
   req: CountTokensRequest,
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
-): MessageTokensCount {
+  signal?: AbortSignal,
+): Promise<MessageTokensCount> {
   const { chat, params } = toChatRequest({ ...req, max_tokens: 1 });
   if (engine.upstreams) {
     throw badRequest(
@@ -113,7 +114,7 @@ export function countTokens(
   }
   try {
     const job = toJob(chat, defaultThinking);
-    return { input_tokens: engine.tokenize(engine.renderPrompt(job), true).length };
+    return { input_tokens: (await engine.prompt(job, signal)).tokens.length };
   } catch (e) {
     throw renameParam(e, params);
   }
