@@ -156,8 +156,6 @@ async function mostOvertaken(embed: (ids: number[]) => Promise<unknown>, ids: nu
 
 Deno.test({
   name: "embeddings: 64 clients in a closed loop: no request is passed by more than 2 rounds of newer ones",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const engine = await tinyEmbed(0, 1);
     try {
@@ -215,8 +213,6 @@ Deno.test({
 
 Deno.test({
   name: "onnx embeddings: requests share runs by tokens: 64 short inputs pass 64 long ones after one run",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { engine } = await onnxSetup();
     try {
@@ -240,8 +236,6 @@ Deno.test({
 
 Deno.test({
   name: "onnx embeddings: a 16-input request keeps its share beside a stream of one-input requests",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { engine } = await onnxSetup();
     try {

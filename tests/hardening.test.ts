@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
-import { engineCounter, scrapeMetrics } from "./helpers/metrics.ts";
+import { engineCounter, longEventLoopStalls } from "./helpers/metrics.ts";
 import { poll, settles } from "./helpers/poll.ts";
 import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
 import { GbnfRules } from "../src/engines/llama/gbnf.ts";
@@ -76,22 +76,12 @@ async function answeredDuring<T>(target: string, work: Promise<T>): Promise<{ an
   return { answered, result: await result };
 }
 
-/**
- * Event-loop ticks of the server that found its JavaScript thread had run over a quarter of a
- * second without a turn (its CPU time, which a busy machine does not inflate): a block of work far
- * beyond a slice (10 ms), a body parse or a garbage collection, as a whole grammar build, a
- * tokenization or an ONNX run on the thread was.
- */
-async function longStalls(): Promise<number> {
-  const m = await scrapeMetrics(server.url);
-  return m.value("vserve_event_loop_stall_seconds_count") -
-    m.value("vserve_event_loop_stall_seconds_bucket", { le: "0.25" });
-}
+const longStalls = () => longEventLoopStalls(server.url);
 
-/** The access-log entry of request `id`, once the request has ended (from `logs`). */
-function logEntry(id: string, logs = server.logs) {
+/** The access-log entry of request `id`, once the request has ended (from the log of `from`). */
+function logEntry(id: string, from: { readonly logs: string[] } = server) {
   return poll(`request ${id} was logged`, () => {
-    const line = logs.find((l) => l.includes('"msg":"request"') && l.includes(`"request_id":"${id}"`));
+    const line = from.logs.find((l) => l.includes('"msg":"request"') && l.includes(`"request_id":"${id}"`));
     return line && JSON.parse(line);
   });
 }
@@ -148,7 +138,6 @@ serverTest(
       code: "schema_too_large",
       param: "response_format.json_schema.schema",
     });
-    console.log("twelve", twelve.answered);
     assert.ok(twelve.answered >= 3, `${twelve.answered} /health answers while 12 patterns were compiled`);
 
     const huge = chat({ enum: Array.from({ length: 100_000 }, (_, i) => `value-${i}`) });
@@ -174,7 +163,6 @@ serverTest(
     assert.match(enumOfAll.body.error.message, /1000 enum values/);
     assert.equal(long.status, 200);
     assert.equal(long.body.usage.completion_tokens, 20);
-    console.log("rest", answered);
     assert.ok(answered >= 10, `${answered} /health answers while the requests ran`);
     assert.equal(await longStalls() - stalls, 0, "a request held the event loop for a quarter of a second");
   },
@@ -311,7 +299,6 @@ serverTest(
     assert.equal(res.body.data.length, 500);
     assert.equal(res.body.data[499].index, 499);
     assert.ok(res.body.usage.prompt_tokens > 500 * 500, `${res.body.usage.prompt_tokens} tokens`);
-    console.log("onnx", answered);
     assert.ok(answered >= 20, `${answered} /health answers while the request ran`);
     assert.equal(await longStalls() - stalls, 0, "a phase held the event loop for a quarter of a second");
   },
@@ -463,7 +450,7 @@ serverTest("an aborted upload is a 499, not a 500; a stalled body is a 408", asy
   assert.match(new TextDecoder().decode(interim.subarray(0, got ?? 0)), /^HTTP\/1\.1 100 Continue/);
   await conn.write(new TextEncoder().encode(`{"model":"${EMBED}","input":"`));
   conn.close();
-  assert.equal((await logEntry(id, edge.logs)).status, 499, "the aborted upload is logged 499");
+  assert.equal((await logEntry(id, edge)).status, 499, "the aborted upload is logged 499");
   const stalled = await Deno.connect({ hostname: edgeHost.hostname, port: Number(edgeHost.port) });
   await stalled.write(new TextEncoder().encode(
     `POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${KEY}\r\n` +

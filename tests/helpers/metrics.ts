@@ -67,3 +67,15 @@ export async function scrapeMetrics(baseUrl: string, init: RequestInit = {}): Pr
 export async function engineCounter(baseUrl: string, name: string, model: string): Promise<number> {
   return (await scrapeMetrics(baseUrl)).value(`vserve_engine_${name}_total`, { model });
 }
+
+/**
+ * Event-loop ticks of the server at `baseUrl` that found its JavaScript thread had run over a quarter
+ * of a second without a turn (its CPU time, which a busy machine does not inflate): a block of work
+ * far beyond a slice (10 ms), a body parse or a garbage collection, as a whole grammar build, a
+ * tokenization or an ONNX run on the thread was.
+ */
+export async function longEventLoopStalls(baseUrl: string): Promise<number> {
+  const m = await scrapeMetrics(baseUrl);
+  return m.value("vserve_event_loop_stall_seconds_count") -
+    m.value("vserve_event_loop_stall_seconds_bucket", { le: "0.25" });
+}

@@ -10,7 +10,10 @@ const ROOT = new URL("../../", import.meta.url);
 export interface TestServer {
   url: string;
   pid: number;
-  /** Every log line the process has written so far (stderr and stdout), read when asked. */
+  /**
+   * Every log line the process has written so far (stderr and stdout): read from its log file at each
+   * access, so read `server.logs` again to see later lines (a kept array does not grow).
+   */
   readonly logs: string[];
   /** Sends a signal without waiting. */
   signal(signal: Deno.Signal): void;
