@@ -472,8 +472,11 @@ function planAll(requests: readonly ModelRequest[], devices: readonly PlanDevice
  *
  * @example
  * ```ts
- * const plan = planMemory([chatRequest], [{ name: "CUDA0", kind: "gpu", capacity: 24 * 2 ** 30, source: "--vram" }, host]);
- * plan.fits; // false → plan.suggestions
+ * function onOneL4(chatRequest: ModelRequest, host: PlanDevice) {
+ *   const gpu: PlanDevice = { name: "CUDA0", kind: "gpu", capacity: 24 * 2 ** 30, source: "--vram" };
+ *   const plan = planMemory([chatRequest], [gpu, host]);
+ *   return plan.fits ? [] : plan.suggestions;
+ * }
  * ```
  */
 export function planMemory(requests: readonly ModelRequest[], devices: readonly PlanDevice[]): Plan {

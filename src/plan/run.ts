@@ -38,7 +38,11 @@ export interface LoadSettings {
  *
  * @example
  * ```ts
- * loadSettings(spec, config).placement; // { cpuMoe: true } with --cpu-moe
+ * import type { Config } from "../config.ts";
+ * import type { ModelSpec } from "../registry.ts";
+ * function placementOf(spec: ModelSpec, config: Config) {
+ *   return loadSettings(spec, config).placement; // { cpuMoe: true, … } with --cpu-moe
+ * }
  * ```
  */
 export function loadSettings(spec: ModelSpec, config: Config): LoadSettings {

@@ -18,7 +18,12 @@ const PING = sseData({ type: "ping" }, "ping");
  *
  * @example
  * ```ts
- * return await postMessages(body, engine, chatContext(slot, ctx));
+ * import type { MessagesRequest } from "../protocol/anthropic.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { ChatContext } from "../services/chat.ts";
+ * async function answer(body: MessagesRequest, engine: ChatEngine, ctx: ChatContext) {
+ *   return await postMessages(body, engine, ctx);
+ * }
  * ```
  */
 export async function postMessages(
@@ -38,7 +43,11 @@ export async function postMessages(
  *
  * @example
  * ```ts
- * return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, ctx.signal);
+ * import type { CountTokensRequest } from "../protocol/anthropic.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * async function count(body: CountTokensRequest, engine: ChatEngine, signal: AbortSignal) {
+ *   return await postCountTokens(body, engine, undefined, "req-1", signal);
+ * }
  * ```
  */
 export async function postCountTokens(
@@ -57,7 +66,8 @@ export async function postCountTokens(
  *
  * @example
  * ```ts
- * anthropicErrorResponse(new ApiError(401, "authentication_error", "No API key"), "req-1");
+ * import { ApiError } from "../http/errors.ts";
+ * anthropicErrorResponse(new ApiError(401, "authentication_error", "No API key"), "req-1").status; // 401
  * ```
  */
 export function anthropicErrorResponse(e: ApiError, requestId: string): Response {

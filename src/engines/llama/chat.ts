@@ -141,7 +141,11 @@ export class LlamaChatEngine implements ChatEngine {
    *
    * @example
    * ```ts
-   * const engine = await LlamaChatEngine.load(lib, { modelPath, gpuLayers: 0, threads: 2, parallel: 4, contextSize: 4096, log });
+   * import type { LlamaLibrary } from "./ffi.ts";
+   * import type { Logger } from "../../log.ts";
+   * async function open(lib: LlamaLibrary, modelPath: string, log: Logger) {
+   *   return await LlamaChatEngine.load(lib, { modelPath, gpuLayers: 0, threads: 2, parallel: 4, contextSize: 4096, log });
+   * }
    * ```
    */
   static async load(lib: LlamaLibrary, opts: LlamaChatOptions): Promise<LlamaChatEngine> {

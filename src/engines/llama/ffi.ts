@@ -241,7 +241,8 @@ function ggmlLibraries(llamaPath: string): NonNullable<typeof ggmlLibs> {
  *
  * @example
  * ```ts
- * const gpus = backendDevices(openLlamaLibrary()).filter((d) => d.type === "GPU");
+ * // After node-llama-cpp's getLlama() has loaded the library:
+ * const gpus = () => backendDevices(openLlamaLibrary()).filter((d) => d.type === "GPU");
  * ```
  */
 export function backendDevices(lib: LlamaLibrary): BackendDevice[] {
@@ -323,8 +324,12 @@ let opened: LlamaLibrary | undefined;
  *
  * @example
  * ```ts
- * await llamaRuntime("cpu", log);
- * const lib = openLlamaLibrary();
+ * import { llamaRuntime } from "./runtime.ts";
+ * import type { Logger } from "../../log.ts";
+ * async function bind(log: Logger) {
+ *   await llamaRuntime("cpu", log);
+ *   return openLlamaLibrary();
+ * }
  * ```
  */
 export function openLlamaLibrary(): LlamaLibrary {
@@ -411,7 +416,9 @@ let inFlight = 0;
  *
  * @example
  * ```ts
- * await serialized(() => lib.symbols.llama_decode(ctx, batch));
+ * async function decode(lib: LlamaLibrary, ctx: Deno.PointerValue, batch: Uint8Array<ArrayBuffer>) {
+ *   return await serialized(() => lib.symbols.llama_decode(ctx, batch));
+ * }
  * ```
  */
 export function serialized<T>(work: () => Promise<T>): Promise<T> {

@@ -20,7 +20,10 @@ const taps = new Set<(line: string) => void>();
  *
  * @example
  * ```ts
- * const llama = await llamaRuntime("cpu", log);
+ * import type { Logger } from "../../log.ts";
+ * async function cpuRuntime(log: Logger) {
+ *   return await llamaRuntime("cpu", log);
+ * }
  * ```
  */
 export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
@@ -59,8 +62,12 @@ export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
  *
  * @example
  * ```ts
- * await using _log = captureLlamaLog(llama, (lines) => console.log(parseLlamaLog(lines)));
- * const model = await NativeModel.load(lib, path, layers);
+ * import type { Llama } from "node-llama-cpp";
+ * import { parseLlamaLog } from "../../plan/llama_log.ts";
+ * async function loadLogged<T>(llama: Llama, load: () => Promise<T>): Promise<T> {
+ *   await using _log = captureLlamaLog(llama, (lines) => console.log(parseLlamaLog(lines)));
+ *   return await load(); // e.g. NativeModel.load(lib, path, layers)
+ * }
  * ```
  */
 export function captureLlamaLog(
@@ -109,7 +116,10 @@ export function engineThreads(configured: number): number {
  *
  * @example
  * ```ts
- * const layers = await resolveGpuLayers(llama, "model.gguf", "auto");
+ * import type { Llama } from "node-llama-cpp";
+ * async function layers(llama: Llama) {
+ *   return await resolveGpuLayers(llama, "model.gguf", "auto");
+ * }
  * ```
  */
 export async function resolveGpuLayers(
