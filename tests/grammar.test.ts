@@ -7,11 +7,9 @@ import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
 import { NativeModel } from "../src/engines/llama/native.ts";
 import { GrammarConstraint } from "../src/engines/llama/grammar.ts";
-import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
-import { textWithout } from "../src/engines/llama/gbnf.ts";
+import { GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
 import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
 import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
-import { EngineInputError } from "../src/engines/types.ts";
 import { resolveSource } from "../src/models/sources.ts";
 import { silentLogger } from "../src/log.ts";
 import { checkAgainstSchema } from "../src/services/schema_check.ts";
@@ -127,7 +125,7 @@ Deno.test("json schema: a keyword neither enforced nor checked is refused naming
     assert.throws(
       () => new JsonGrammar().schema(schema, "response_format.json_schema.schema", "out"),
       (e: Error) =>
-        e instanceof EngineInputError && e.message.includes(keyword) &&
+        e instanceof GrammarError && e.message.includes(keyword) &&
         e.param === "response_format.json_schema.schema",
     );
   }
@@ -138,7 +136,7 @@ Deno.test("json schema: nesting beyond the depth limit is a 400-style error, not
   for (let i = 0; i < 5000; i++) schema = { type: "array", items: schema };
   assert.throws(
     () => new JsonGrammar().schema(schema, "response_format", "out"),
-    (e: Error) => e instanceof EngineInputError && e.code === "schema_too_large",
+    (e: Error) => e instanceof GrammarError && e.code === "schema_too_large",
   );
 });
 
@@ -419,7 +417,7 @@ Deno.test("json schema: multipleOf between bounds, for integers", () => {
   for (const bad of ["9007199254740991", "9007199254740993", "1", "-100"]) assert.ok(!accepts(z, bad), bad);
   assert.throws(
     () => schemaGrammar({ type: "integer", minimum: 11, maximum: 14, multipleOf: 5 }),
-    (e: Error) => e instanceof EngineInputError && /multiple of 5/.test(e.message),
+    (e: Error) => e instanceof GrammarError && /multiple of 5/.test(e.message),
   );
   // A fractional step is checked after.
   assert.deepEqual(leftToCheck({ type: "number", minimum: 0, maximum: 1, multipleOf: 0.25 }), ["multipleOf"]);
@@ -475,7 +473,7 @@ Deno.test("json schema: minProperties/maxProperties over declared properties are
   );
   assert.throws(
     () => schemaGrammar({ type: "object", properties: { a: { type: "integer" } }, minProperties: 2 }),
-    (e: Error) => e instanceof EngineInputError && e.message.includes("minProperties"),
+    (e: Error) => e instanceof GrammarError && e.message.includes("minProperties"),
   );
 });
 
@@ -498,7 +496,7 @@ Deno.test("json schema: what the output check could not compile is refused namin
     assert.throws(
       () => new JsonGrammar().schema(schema, "response_format.json_schema.schema", "out"),
       (e: Error) =>
-        e instanceof EngineInputError && e.message.includes(keyword) &&
+        e instanceof GrammarError && e.message.includes(keyword) &&
         e.param === "response_format.json_schema.schema",
       JSON.stringify(schema),
     );

@@ -8,7 +8,7 @@ import OpenAI from "openai";
 import { type Json, postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { checkAgainstSchema } from "../src/services/schema_check.ts";
-import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
+import { JsonGrammar } from "../src/grammar/mod.ts";
 import { ChatChunkSchema, ChatCompletionSchema } from "../src/protocol/chat.ts";
 import { CompletionRequestSchema, CompletionSchema } from "../src/protocol/completions.ts";
 import { createCompletion } from "../src/services/completions.ts";

@@ -19,9 +19,15 @@ import { Batch, type FlashAttention, NativeContext, NativeModel } from "./native
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
-import { JsonGrammar } from "./json_gbnf.ts";
-import { GbnfRules, LruCache, textWithout } from "./gbnf.ts";
-import { AutomatonCache } from "./regex_gbnf.ts";
+import {
+  AutomatonCache,
+  GbnfRules,
+  GrammarError,
+  JsonGrammar,
+  LruCache,
+  textWithout,
+} from "../../grammar/mod.ts";
+import { Slicer } from "../../event_loop.ts";
 import { ChatTemplate, type ThinkingFacts } from "./template.ts";
 import { dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.ts";
 import { OutputParser, type OutputPiece } from "./output_parser.ts";
@@ -85,7 +91,7 @@ export class LlamaChatEngine implements ChatEngine {
   /** Grammars by their inputs: each schema is compiled once. */
   readonly #plans = new LruCache<GrammarPlan>(GRAMMAR_CACHE.entries, GRAMMAR_CACHE.chars);
   /** Automata of JSON-schema `pattern`s, shared by every grammar of this model. */
-  readonly #automata = new AutomatonCache();
+  readonly #automata = new AutomatonCache({ slices: (signal) => new Slicer(3, signal) });
 
   private constructor(
     model: NativeModel,
@@ -352,8 +358,9 @@ export class LlamaChatEngine implements ChatEngine {
     try {
       plan = await this.#automata.build(() => this.#buildPlan(job, mode, inThink, thinking), signal);
     } catch (e) {
-      if (!(e instanceof EngineInputError)) throw e;
-      plan = { kind: "refused", error: e };
+      const error = e instanceof GrammarError ? toEngineError(e, null) : e;
+      if (!(error instanceof EngineInputError)) throw error;
+      plan = { kind: "refused", error };
     }
     this.#plans.set(key, plan, key.length + (plan.kind === "grammar" ? plan.text.length : 0));
     return plan;
@@ -499,11 +506,17 @@ function withParam<T>(param: string, build: () => T): T {
   try {
     return build();
   } catch (e) {
+    if (e instanceof GrammarError) throw toEngineError(e, param);
     if (e instanceof EngineInputError && e.param === null) {
       throw new EngineInputError(e.message, param, e.code);
     }
     throw e;
   }
+}
+
+/** A schema the grammar package refused, as the engine reports bad input (a 400 naming `param`). */
+function toEngineError(e: GrammarError, param: string | null): EngineInputError {
+  return new EngineInputError(e.message, e.param ?? param, e.code);
 }
 
 function escapeRegExp(text: string): string {

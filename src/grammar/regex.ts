@@ -13,28 +13,24 @@
  * slices between other work; automata are cached by pattern ({@link AutomatonCache}).
  */
 
-import { EngineInputError } from "../types.ts";
-import { Slicer } from "../../event_loop.ts";
-import { type GbnfRules, LruCache } from "./gbnf.ts";
+import type { GbnfRules } from "./gbnf.ts";
+import { LruCache } from "./lru.ts";
+import { GrammarError } from "./errors.ts";
+import type { AutomatonSource, PatternAutomaton, StringConstraints } from "./types.ts";
 
-/** Thrown for a pattern the grammar cannot express; the message says what. */
-export class PatternError extends Error {
+export type { PatternAutomaton, StringConstraints };
+
+/**
+ * Thrown for a pattern the grammar cannot express, or whose automaton outgrows its bound; the
+ * message says what (a phrase the caller puts in its own sentence).
+ */
+export class PatternError extends GrammarError {
   /** Whether the automaton outgrew its bound (the pattern itself may be fine on its own). */
   readonly tooLarge: boolean;
   constructor(message: string, tooLarge = false) {
-    super(message);
+    super(message, { code: tooLarge ? "schema_too_large" : "unsupported_schema", keyword: "pattern" });
     this.tooLarge = tooLarge;
   }
-}
-
-/**
- * What the text of a string must satisfy at once: every pattern (each as JSON Schema means it) and
- * the length bounds, counted in code points as JSON Schema counts them.
- */
-export interface StringConstraints {
-  patterns: readonly string[];
-  minLength?: number;
-  maxLength?: number;
 }
 
 /** Most automaton states a pattern may need. */
@@ -632,11 +628,11 @@ export const PATTERN_LIMITS = {
   maxRequestChars: 4_000_000,
 } as const;
 
-/** A pattern (or constraints) too costly to compile: a 400 `schema_too_large` naming the limit. */
-export class PatternTooLargeError extends EngineInputError {
+/** A pattern (or constraints) too costly to compile: `schema_too_large`, naming the limit. */
+export class PatternTooLargeError extends GrammarError {
   /** `perRequest`: the request's budget ran out (the same pattern may compile in another request). */
   constructor(what: string, readonly perRequest = false) {
-    super(`The JSON schema is too large to enforce: ${what}.`, null, "schema_too_large");
+    super(`The JSON schema is too large to enforce: ${what}.`, { code: "schema_too_large" });
   }
 }
 
@@ -657,21 +653,6 @@ class Meter {
     this.#yielded = this.used;
     return true;
   }
-}
-
-/**
- * A compiled string constraint as GBNF rules, one per live state, written once: the text is
- * `json.join(name)` (or `raw`, for unescaped text), whose start rule is `name` + `-S0`.
- */
-export interface PatternAutomaton {
-  /** Rules (live states). */
-  states: number;
-  /** The rules' text, cut where their name prefix goes: as JSON-escaped string content. */
-  json: string[];
-  /** The same for raw text. */
-  raw: string[];
-  /** Characters of `json` (without the name prefixes). */
-  chars: number;
 }
 
 /** Builds the automaton of `c`, a step at a time (each `yield` is a point where other work may run). */
@@ -799,9 +780,38 @@ function runSteps<T>(steps: Generator<void, T>): T {
   }
 }
 
-/** Runs a stepwise build in slices of about `sliceMs`, letting the event loop run between them. */
-async function runSliced<T>(steps: Generator<void, T>, signal?: AbortSignal, sliceMs = 3): Promise<T> {
-  const slices = new Slicer(sliceMs, signal);
+/**
+ * Cuts long work into slices: {@link due} says the current slice is used up, {@link pause} lets other
+ * work run (and throws if the work was cancelled meanwhile). The server's event-loop slicer has
+ * this shape.
+ */
+export interface Slices {
+  readonly due: boolean;
+  pause(): Promise<void>;
+}
+
+/** Slices for one build, cancelled by `signal`. */
+export type SliceSource = (signal?: AbortSignal) => Slices;
+
+/** Slices of `sliceMs` with a timer turn between them (the default where the caller gives none). */
+export function timerSlices(sliceMs = 3): SliceSource {
+  return (signal) => {
+    let since = performance.now();
+    return {
+      get due() {
+        return performance.now() - since >= sliceMs;
+      },
+      async pause() {
+        await new Promise((resolve) => setTimeout(resolve, 0));
+        signal?.throwIfAborted();
+        since = performance.now();
+      },
+    };
+  };
+}
+
+/** Runs a stepwise build in slices, letting other work run between them. */
+async function runSliced<T>(steps: Generator<void, T>, slices: Slices): Promise<T> {
   for (;;) {
     const r = steps.next();
     if (r.done) return r.value;
@@ -844,15 +854,21 @@ interface BuildSession {
  * });
  * ```
  */
-export class AutomatonCache {
+export class AutomatonCache implements AutomatonSource {
   readonly #entries: LruCache<PatternAutomaton | Error>;
+  readonly #slices: SliceSource;
   #session?: BuildSession;
   #turn: Promise<void> = Promise.resolve();
   /** Automata compiled (or refused) so far: with a warm cache, building a grammar compiles none. */
   compiled = 0;
 
-  constructor(maxEntries = 256, maxChars = 32 * 1024 * 1024) {
-    this.#entries = new LruCache(maxEntries, maxChars);
+  /**
+   * `slices`: how {@link build} cuts its compilations (default: 3 ms slices with a timer turn
+   * between them); at most `maxEntries` automata of `maxChars` characters of rules in all are kept.
+   */
+  constructor(opts: { slices?: SliceSource; maxEntries?: number; maxChars?: number } = {}) {
+    this.#entries = new LruCache(opts.maxEntries ?? 256, opts.maxChars ?? 32 * 1024 * 1024);
+    this.#slices = opts.slices ?? timerSlices();
   }
 
   /**
@@ -911,7 +927,7 @@ export class AutomatonCache {
           const meter = automatonMeter(PATTERN_LIMITS.maxRequestSteps - used);
           this.compiled++;
           try {
-            const automaton = await runSliced(automatonSteps(c, meter), signal);
+            const automaton = await runSliced(automatonSteps(c, meter), this.#slices(signal));
             this.#entries.set(key, automaton, 2 * automaton.chars);
           } catch (e) {
             // The request's budget ran out: refused for this request only, not for the pattern.

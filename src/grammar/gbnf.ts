@@ -1,8 +1,8 @@
 /**
  * Building blocks of GBNF, llama.cpp's grammar format: quoted literals, character classes, a
- * rule set with unique names, "any text that does not contain X", and a cache for built grammars.
+ * rule set with unique names, and "any text that does not contain X".
  */
-import type { AutomatonCache } from "./regex_gbnf.ts";
+import type { AutomatonSource } from "./types.ts";
 
 /**
  * A GBNF string literal for `text`.
@@ -66,8 +66,8 @@ export class GbnfRules {
   readonly #texts: string[] = [];
   #textRules = 0;
 
-  /** `automata`: compiled `pattern` automata to reuse (see {@link AutomatonCache}). */
-  constructor(prefix = "", readonly automata?: AutomatonCache) {
+  /** `automata`: where compiled `pattern` automata come from (an `AutomatonCache`, say). */
+  constructor(prefix = "", readonly automata?: AutomatonSource) {
     this.#prefix = prefix.replace(/[^a-zA-Z0-9-]/g, "-");
   }
 
@@ -181,53 +181,4 @@ export function textWithout(rules: GbnfRules, hint: string, markers: string | re
     rules.define(names.get(state)!, `( ${alts.join(" | ")} )?`);
   }
   return names.get(0)!;
-}
-
-/**
- * A map that keeps its most recently used entries, within a number of entries and a total size
- * (what `size` means is the caller's: characters, say).
- *
- * @example
- * ```ts
- * const texts = new LruCache<string>(2);
- * texts.set("a", "root ::= \"a\"", 14);
- * texts.get("a"); // 'root ::= "a"'
- * ```
- */
-export class LruCache<V> {
-  readonly #entries = new Map<string, { value: V; size: number }>();
-  #size = 0;
-
-  constructor(readonly maxEntries: number, readonly maxSize = Infinity) {}
-
-  /** The value for `key`, now the most recently used; undefined when absent. */
-  get(key: string): V | undefined {
-    const entry = this.#entries.get(key);
-    if (!entry) return undefined;
-    this.#entries.delete(key);
-    this.#entries.set(key, entry);
-    return entry.value;
-  }
-
-  /** Stores `value`, dropping the least recently used entries beyond the bounds. */
-  set(key: string, value: V, size = 0): void {
-    const old = this.#entries.get(key);
-    if (old) {
-      this.#entries.delete(key);
-      this.#size -= old.size;
-    }
-    if (size > this.maxSize) return;
-    this.#entries.set(key, { value, size });
-    this.#size += size;
-    for (const [k, e] of this.#entries) {
-      if (this.#entries.size <= this.maxEntries && this.#size <= this.maxSize) break;
-      this.#entries.delete(k);
-      this.#size -= e.size;
-    }
-  }
-
-  /** Entries held. */
-  get size(): number {
-    return this.#entries.size;
-  }
 }

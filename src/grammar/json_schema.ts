@@ -10,14 +10,14 @@
  *   would pass 4,000 states; `minProperties` over 1 on a free-form map (keys could repeat); property
  *   counts over declared properties past 4,000 rules; `oneOf` whose alternatives no required
  *   `const`/`enum` tag keeps apart. {@link JsonGrammar.validated} names each one met.
- * Anything else is refused (an {@link EngineInputError} naming the keyword and where it is), as is
+ * Anything else is refused (a {@link GrammarError} naming the keyword and where it is), as is
  * any schema the output check could not compile (a keyword value of the wrong kind, a pattern that is
  * not an ECMA-262 regular expression, a $ref that points nowhere).
  */
-import { EngineInputError } from "../types.ts";
-import { gbnfClass, gbnfLiteral, GbnfRules } from "./gbnf.ts";
-import { multipleOfInteger, numberRange } from "./json_ranges.ts";
-import { PatternError, patternRules } from "./regex_gbnf.ts";
+import { GrammarError, type GrammarErrorCode } from "./errors.ts";
+import { gbnfLiteral, GbnfRules } from "./gbnf.ts";
+import { multipleOfInteger, numberRange } from "./ranges.ts";
+import { PatternError, patternRules } from "./regex.ts";
 
 /** Keywords that only describe: skipped. */
 const ANNOTATIONS = new Set([
@@ -239,8 +239,10 @@ export class JsonGrammar {
   schema(schema: unknown, param: string, hint: string): string {
     this.#ensurePrimitives();
     const ctx: Context = { root: schema, param, refs: new Map(), hint };
-    this.#checkCompilable(schema, ctx);
-    return this.#rule(schema, ctx, "#", 0, hint);
+    return named(param, () => {
+      this.#checkCompilable(schema, ctx);
+      return this.#rule(schema, ctx, "#", 0, hint);
+    });
   }
 
   /**
@@ -379,8 +381,8 @@ export class JsonGrammar {
     );
   }
 
-  #fail(ctx: Context, message: string, code = "unsupported_schema"): never {
-    throw new EngineInputError(message, ctx.param, code);
+  #fail(ctx: Context, message: string, code: GrammarErrorCode = "unsupported_schema"): never {
+    throw new GrammarError(message, { code, param: ctx.param });
   }
 
   #rule(schema: unknown, ctx: Context, path: string, depth: number, hint: string): string {
@@ -512,6 +514,10 @@ export class JsonGrammar {
    * const, format, pattern, length bounds; `other` is the rule for free text. For the XML dialect.
    */
   rawString(schema: Schema, param: string, hint: string, other: () => string): string {
+    return named(param, () => this.#rawString(schema, param, hint, other));
+  }
+
+  #rawString(schema: Schema, param: string, hint: string, other: () => string): string {
     this.#ensurePrimitives();
     const ctx: Context = { root: schema, param, refs: new Map(), hint };
     this.#checkCompilable(schema, ctx);
@@ -979,6 +985,15 @@ export function multiplesBetween(
   return alts.length === 0 ? null : rules.add(`${hint}-range`, alts.join(" | "));
 }
 
+/** Runs `build`; a {@link GrammarError} it throws without a param gets `param`. */
+function named<T>(param: string, build: () => T): T {
+  try {
+    return build();
+  } catch (e) {
+    throw e instanceof GrammarError ? e.withParam(param) : e;
+  }
+}
+
 interface Context {
   root: unknown;
   param: string;
@@ -1149,6 +1164,3 @@ export function mergeSchemas(a: Schema, b: Schema): Schema | undefined {
   }
   return out;
 }
-
-/** Re-exported for callers that quote plain literals next to JSON rules. */
-export { gbnfClass, gbnfLiteral };
