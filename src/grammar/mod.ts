@@ -16,6 +16,8 @@
  * ```
  */
 export { GrammarError, type GrammarErrorCode } from "./errors.ts";
+export { Budget, budgetError, COSTS, SCHEMA_BUDGET } from "./budget.ts";
+export { measureSchema, resolvePointer, type SchemaMeasure } from "./measure.ts";
 export { gbnfClass, gbnfLiteral, GbnfRules, textWithout } from "./gbnf.ts";
 export { LruCache } from "./lru.ts";
 export {

@@ -14,6 +14,7 @@
  */
 
 import type { GbnfRules } from "./gbnf.ts";
+import { Budget, budgetError, SCHEMA_BUDGET } from "./budget.ts";
 import { LruCache } from "./lru.ts";
 import { GrammarError } from "./errors.ts";
 import type { AutomatonSource, PatternAutomaton, StringConstraints } from "./types.ts";
@@ -607,9 +608,10 @@ function* lengthDfa(
 }
 
 /**
- * Bounds on the work of building one automaton, and of all those one request needs; beyond them a
- * request is a 400 `schema_too_large` ({@link PatternTooLargeError}). A step is about one move of one
- * automaton state on one letter (a fraction of a microsecond): a million take well under a second.
+ * Bounds on the work of building one automaton; beyond them a request is a 400 `schema_too_large`
+ * ({@link PatternTooLargeError}). A step is about one move of one automaton state on one letter (a
+ * fraction of a microsecond): a million take well under a second. All the automata of one request
+ * are bounded by its schema budget (a step is one unit of it).
  */
 export const PATTERN_LIMITS = {
   /** Characters of one pattern. */
@@ -620,8 +622,6 @@ export const PATTERN_LIMITS = {
   maxNfaStates: 20_000,
   /** Steps to build one automaton. */
   maxSteps: 1_000_000,
-  /** Steps to build every automaton one request needs. */
-  maxRequestSteps: 4_000_000,
   /** Moves (rule alternatives) of one automaton. */
   maxMoves: 100_000,
   /** Characters of the automata rules in one grammar (the synchronous part of building it is a copy). */
@@ -729,6 +729,7 @@ function* automatonSteps(c: StringConstraints, meter: Meter): Generator<void, Pa
     json: text,
     raw: raw.segments(),
     chars: text.reduce((n, t) => n + t.length, 0),
+    steps: meter.used,
   };
 }
 
@@ -819,16 +820,19 @@ async function runSliced<T>(steps: Generator<void, T>, slices: Slices): Promise<
   }
 }
 
-/** A meter for one automaton: the per-automaton bound, or what is left of the request's. */
-function automatonMeter(requestLeft = Infinity): Meter {
-  const limit = Math.min(PATTERN_LIMITS.maxSteps, requestLeft);
-  return new Meter(limit, () =>
-    limit < PATTERN_LIMITS.maxSteps
-      ? new PatternTooLargeError(
-        `its patterns need more than ${PATTERN_LIMITS.maxRequestSteps} automaton steps in all`,
-        true,
-      )
-      : new PatternTooLargeError(`a pattern needs more than ${PATTERN_LIMITS.maxSteps} automaton steps`));
+/**
+ * A meter for one automaton: the per-automaton bound, or what is left of the request's budget
+ * (`limit`: the budget's size, for the message).
+ */
+function automatonMeter(requestLeft = Infinity, limit = SCHEMA_BUDGET): Meter {
+  const steps = Math.min(PATTERN_LIMITS.maxSteps, requestLeft);
+  return new Meter(
+    steps,
+    () =>
+      steps < PATTERN_LIMITS.maxSteps
+        ? new PatternTooLargeError(budgetError(limit, "compiling its patterns").message, true)
+        : new PatternTooLargeError(`a pattern needs more than ${PATTERN_LIMITS.maxSteps} automaton steps`),
+  );
 }
 
 /** One grammar build's automata still to compile, and those the request's budget refused. */
@@ -837,6 +841,8 @@ interface BuildSession {
   refused: Map<string, Error>;
   /** Characters of the automata rules this pass writes (bounds the synchronous part of a build). */
   chars: number;
+  /** This pass's budget: the automata it uses (their steps) and the rest of its work. */
+  budget: Budget;
 }
 
 /**
@@ -857,6 +863,8 @@ interface BuildSession {
 export class AutomatonCache implements AutomatonSource {
   readonly #entries: LruCache<PatternAutomaton | Error>;
   readonly #slices: SliceSource;
+  /** Work units one build may cost: its automata's steps and the rest of the grammar. */
+  readonly #limit: number;
   #session?: BuildSession;
   #turn: Promise<void> = Promise.resolve();
   /** Automata compiled (or refused) so far: with a warm cache, building a grammar compiles none. */
@@ -866,9 +874,20 @@ export class AutomatonCache implements AutomatonSource {
    * `slices`: how {@link build} cuts its compilations (default: 3 ms slices with a timer turn
    * between them); at most `maxEntries` automata of `maxChars` characters of rules in all are kept.
    */
-  constructor(opts: { slices?: SliceSource; maxEntries?: number; maxChars?: number } = {}) {
+  constructor(
+    opts: { slices?: SliceSource; budget?: number; maxEntries?: number; maxChars?: number } = {},
+  ) {
     this.#entries = new LruCache(opts.maxEntries ?? 256, opts.maxChars ?? 32 * 1024 * 1024);
     this.#slices = opts.slices ?? timerSlices();
+    this.#limit = opts.budget ?? SCHEMA_BUDGET;
+  }
+
+  /**
+   * The budget of the pass of {@link build} running now: grammars built in it charge their work,
+   * and the steps of every automaton they use, to it.
+   */
+  get budget(): Budget | undefined {
+    return this.#session?.budget;
   }
 
   /**
@@ -901,11 +920,18 @@ export class AutomatonCache implements AutomatonSource {
    * missing ones are compiled in between, in slices, within the request's step budget.
    */
   async build<T>(build: () => T, signal?: AbortSignal): Promise<T> {
-    const session: BuildSession = { missing: new Map(), refused: new Map(), chars: 0 };
-    let used = 0;
+    const session: BuildSession = {
+      missing: new Map(),
+      refused: new Map(),
+      chars: 0,
+      budget: new Budget(this.#limit),
+    };
     for (;;) {
       session.missing.clear();
       session.chars = 0;
+      // Each pass does the whole build again: its budget starts afresh and is charged again the
+      // steps of every automaton it uses (compiled in an earlier pass or request, or just now).
+      session.budget = new Budget(this.#limit);
       this.#session = session;
       let result: { value: T } | { error: unknown };
       try {
@@ -920,11 +946,13 @@ export class AutomatonCache implements AutomatonSource {
         if ("error" in result) throw result.error;
         return result.value;
       }
+      // What the pass used, with the automata it did not have yet: the next pass adds their steps.
+      let used = session.budget.used;
       for (const [key, c] of session.missing) {
         await this.#oneAtATime(async () => {
           signal?.throwIfAborted();
           if (this.#entries.get(key) !== undefined) return; // compiled for another request meanwhile
-          const meter = automatonMeter(PATTERN_LIMITS.maxRequestSteps - used);
+          const meter = automatonMeter(this.#limit - used, this.#limit);
           this.compiled++;
           try {
             const automaton = await runSliced(automatonSteps(c, meter), this.#slices(signal));
@@ -985,13 +1013,16 @@ export function patternRules(
   const c = typeof constraints === "string" ? { patterns: [constraints] } : constraints;
   const automaton = rules.automata
     ? rules.automata.automaton(c)
-    : runSteps(automatonSteps(c, automatonMeter()));
+    : runSteps(automatonSteps(c, automatonMeter(rules.budget.left, rules.budget.limit)));
   const name = rules.reserve(hint);
   if (!automaton) {
     // Not compiled yet: a stand-in for this pass of the build (the next pass has the automaton).
     rules.define(name, '""');
     return name;
   }
+  // Every use of an automaton costs the steps of compiling it, cached or not: a request's verdict
+  // does not depend on what other requests compiled before it.
+  rules.budget.charge(automaton.steps, "compiling its patterns");
   rules.define(name, `${name}-S0`);
   rules.addText((json ? automaton.json : automaton.raw).join(name), automaton.states);
   return name;

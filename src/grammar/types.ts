@@ -1,4 +1,5 @@
 /** Shapes shared by the grammar builders and the pattern compiler (kept apart so neither imports the other). */
+import type { Budget } from "./budget.ts";
 
 /**
  * What the text of a string must satisfy at once: every pattern (each as JSON Schema means it) and
@@ -23,6 +24,8 @@ export interface PatternAutomaton {
   raw: string[];
   /** Characters of `json` (without the name prefixes). */
   chars: number;
+  /** Work it took to compile (automaton steps: budget units). */
+  steps: number;
 }
 
 /** Where a grammar build gets pattern automata (see `AutomatonCache`). */
@@ -32,4 +35,6 @@ export interface AutomatonSource {
    * runs again). Throws a `GrammarError` for constraints that cannot (or may not) be compiled.
    */
   automaton(c: StringConstraints): PatternAutomaton | undefined;
+  /** The budget of the build running now, if any: grammars built during it charge their work to it. */
+  readonly budget?: Budget;
 }

@@ -25,6 +25,7 @@ import type {
 import { EngineInputError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
 import { checkAgainstSchema, checkSchemaLimits } from "./schema_check.ts";
+import { Budget } from "../grammar/mod.ts";
 
 /** Per-request context from the server. */
 export interface ChatContext {
@@ -236,9 +237,11 @@ export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
     parameters: t.function.parameters ?? undefined,
     strict: t.function.strict ?? undefined,
   }));
-  tools.forEach((t, i) => checkSchemaLimits(t.parameters, `tools[${i}].function.parameters`));
+  // One schema budget for every schema of the request.
+  const budget = new Budget();
+  tools.forEach((t, i) => checkSchemaLimits(t.parameters, `tools[${i}].function.parameters`, budget));
   if (req.response_format?.type === "json_schema") {
-    checkSchemaLimits(req.response_format.json_schema.schema, "response_format.json_schema.schema");
+    checkSchemaLimits(req.response_format.json_schema.schema, "response_format.json_schema.schema", budget);
   }
   const names = new Set<string>();
   tools.forEach((t, i) => {

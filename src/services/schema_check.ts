@@ -5,6 +5,7 @@
  */
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
 import { badRequest } from "../http/errors.ts";
+import { Budget, GrammarError, measureSchema } from "../grammar/mod.ts";
 
 const ajv = new Ajv2020({
   strict: false,
@@ -14,6 +15,9 @@ const ajv = new Ajv2020({
   logger: false,
   // Decimal steps in decimal, not binary: 0.07 is a multiple of 0.01.
   multipleOfPrecision: 9,
+  // Each referenced schema is compiled once and called: inlined, a schema of a few thousand nodes
+  // referenced a few dozen times is compiled into code a hundred times its size.
+  inlineRefs: false,
 });
 // The string formats the grammar knows (ajv itself checks none without ajv-formats).
 const FORMATS: Record<string, RegExp> = {
@@ -34,7 +38,8 @@ const CACHE_SIZE = 256;
 /**
  * Older drafts' forms in the 2020-12 vocabulary: `items: [...]` tuples become `prefixItems`
  * (`additionalItems` then `items`), `definitions` refs stay resolvable, boolean exclusive bounds
- * become numbers.
+ * become numbers. Identifiers (`$id`, `$anchor`) are left out: every `$ref` is resolved from the
+ * root, as the grammar and {@link checkSchemaLimits} resolve it.
  */
 export function toDraft2020(schema: unknown): unknown {
   if (Array.isArray(schema)) return schema.map(toDraft2020);
@@ -42,7 +47,7 @@ export function toDraft2020(schema: unknown): unknown {
   const s = schema as Record<string, unknown>;
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(s)) {
-    if (k === "$schema") continue;
+    if (k === "$schema" || k === "$id" || k === "$anchor" || k === "$dynamicAnchor") continue;
     if (k === "items" && Array.isArray(v)) out.prefixItems = v.map(toDraft2020);
     else if (k === "additionalItems") out.items = toDraft2020(v);
     else if ((k === "exclusiveMinimum" || k === "exclusiveMaximum") && typeof v === "boolean") continue;
@@ -95,9 +100,12 @@ export const SCHEMA_LIMITS = { maxDepth: 64, maxNodes: 10_000, maxEnumValues: 1_
 /**
  * Refuses a schema over the size limits with a 400 naming the limit, before any recursive work
  * (conversion to a grammar, compilation) can overflow the stack or stall the event loop.
- * Iterative, so a schema nested 100,000 levels deep is measured, not recursed into.
+ * Iterative, so a schema nested 100,000 levels deep is measured, not recursed into. Then the work
+ * of checking values against it is measured with `$ref`s and `allOf`/`anyOf`/`oneOf` expanded
+ * (charged to `budget`, one per request), and loops of them with no property or item between are
+ * refused: see the grammar package's `measureSchema`.
  */
-export function checkSchemaLimits(schema: unknown, param: string): void {
+export function checkSchemaLimits(schema: unknown, param: string, budget = new Budget()): void {
   const fail = (what: string) => {
     throw badRequest(`The JSON schema at ${param} is too large: ${what}.`, param, "schema_too_large");
   };
@@ -126,5 +134,11 @@ export function checkSchemaLimits(schema: unknown, param: string): void {
       }
       stack.push([v, depth + 1]);
     }
+  }
+  try {
+    measureSchema(schema, param, budget);
+  } catch (e) {
+    if (e instanceof GrammarError) throw badRequest(e.message, param, e.code);
+    throw e;
   }
 }

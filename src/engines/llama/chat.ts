@@ -400,8 +400,10 @@ export class LlamaChatEngine implements ChatEngine {
     try {
       text = this.#callsGrammar(job, job.tools, false, false);
     } catch (e) {
-      // `strict` promises the schema: a strict tool whose schema cannot be enforced is refused.
+      // `strict` promises the schema: a strict tool whose schema cannot be enforced is refused, as is
+      // a schema past the work budget, whatever the tool.
       if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
+      if (e.code === "schema_too_large") throw e;
       // Otherwise `auto` promises no grammar: such calls are parsed from free text instead of failing.
       this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
       return { kind: "none" };
