@@ -477,7 +477,7 @@ Deno.test("json schema: minProperties/maxProperties over declared properties are
   );
 });
 
-Deno.test("json schema: what the output check could not compile is refused naming the keyword; the check fails closed", () => {
+Deno.test("json schema: what the output check could not compile is refused naming the keyword; the check fails closed", async () => {
   for (
     const [schema, keyword] of [
       [{ type: "string", pattern: "^a\\-b$" }, "pattern"],
@@ -500,7 +500,7 @@ Deno.test("json schema: what the output check could not compile is refused namin
         e.param === "response_format.json_schema.schema",
       JSON.stringify(schema),
     );
-    const check = checkAgainstSchema(schema, "x");
+    const check = await checkAgainstSchema(schema, "x");
     assert.equal(
       check.ok,
       false,
@@ -509,7 +509,7 @@ Deno.test("json schema: what the output check could not compile is refused namin
   }
 });
 
-Deno.test("json schema: a format beside a pattern allows only what the output check's format test passes", () => {
+Deno.test("json schema: a format beside a pattern allows only what the output check's format test passes", async () => {
   const samples: Record<string, string[]> = {
     date: ["2026-02-28", "2026-02-30", "2026-13-01", "x"],
     time: ["10:00:00Z", "10:00:60z", "10:00:00.5+01:00", "25:00:00Z", "10:00"],
@@ -524,7 +524,7 @@ Deno.test("json schema: a format beside a pattern allows only what the output ch
     // An unanchored pattern any non-empty string matches: the grammar is the format's test alone.
     const g = schemaGrammar({ type: "string", format, pattern: "." });
     for (const text of strings) {
-      const valid = checkAgainstSchema({ type: "string", format }, text).ok;
+      const valid = (await checkAgainstSchema({ type: "string", format }, text)).ok;
       assert.equal(accepts(g, JSON.stringify(text)), valid, `${format}: ${text}`);
     }
   }
@@ -594,8 +594,8 @@ Deno.test("xml dialect grammar: parameters that $ref the tool's $defs (pydantic)
   assert.ok(!accepts(gbnf, call('{"city": "Rome", "country": "IT"}', "kelvin")));
 });
 
-Deno.test("the output check reads decimal multipleOf in decimal (0.07 is a multiple of 0.01)", () => {
-  assert.ok(checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.07).ok);
-  assert.ok(checkAgainstSchema({ type: "number", multipleOf: 0.1 }, 0.3).ok);
-  assert.ok(!checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.075).ok);
+Deno.test("the output check reads decimal multipleOf in decimal (0.07 is a multiple of 0.01)", async () => {
+  assert.ok((await checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.07)).ok);
+  assert.ok((await checkAgainstSchema({ type: "number", multipleOf: 0.1 }, 0.3)).ok);
+  assert.ok(!(await checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.075)).ok);
 });

@@ -80,7 +80,7 @@ async function structured(
     const choice = res.body.choices[0];
     assert.notEqual(choice.finish_reason, "length", `seed ${seed} finished within max_tokens`);
     const value = JSON.parse(read(res.body));
-    const check = checkAgainstSchema(schema, value);
+    const check = await checkAgainstSchema(schema, value);
     assert.ok(check.ok, `seed ${seed}: ${JSON.stringify(value)}: ${(check as { reason?: string }).reason}`);
     const faults = await regenerations(res.headers.get("x-request-id"));
     assert.ok(

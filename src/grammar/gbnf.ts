@@ -159,6 +159,13 @@ export class GbnfRules {
         { code: "unsupported_schema", keyword },
       );
     }
+    if (max !== undefined && max < min) {
+      // llama.cpp reads `x{5,3}` as 2^64 − 2 optional copies: it would fill memory.
+      throw new GrammarError(`A repetition of at least ${min} and at most ${max} is empty.`, {
+        code: "invalid_schema",
+        keyword,
+      });
+    }
     const bounded = max === undefined || max <= MAX_REPETITION;
     const hi = max !== undefined && max <= MAX_REPETITION ? max : undefined;
     this.budget.charge(((hi ?? min) + 1) * COSTS.repetition);

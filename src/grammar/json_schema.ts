@@ -764,6 +764,12 @@ export class JsonGrammar {
         : this.#rule(extra, ctx, `${path}/additionalProperties`, depth + 1, `${hint}-extra`);
       if (value === "value" && minProps === 0 && maxProps === undefined) return "object";
       this.#minimum(ctx, path, "minProperties", minProps);
+      if (maxProps !== undefined && maxProps < minProps) {
+        this.#fail(ctx, `${path}: maxProperties is below minProperties.`, "invalid_schema", {
+          keyword: "maxProperties",
+          path,
+        });
+      }
       const kv = this.rules.add(`${hint}-kv`, `string ws ":" ws ${value} ws`);
       // Keys may repeat in the grammar (JSON.parse keeps the last), so maxProperties holds, while
       // minProperties over 1 needs distinct keys: that is left to the output check.

@@ -182,7 +182,8 @@ export function measureSchema(schema: unknown, param: string | null, budget = ne
     const size = expand(node);
     maxExpanded = Math.max(maxExpanded, size);
     totalExpanded += size;
-    budget.charge(Math.min(size, Number.MAX_SAFE_INTEGER) * COSTS.expandedNode, "checking values against it");
+    // A predicted cost: past the budget, charged only up to it (the work is not done).
+    budget.charge(Math.min(size * COSTS.expandedNode, budget.left + 1), "checking values against it");
     const { inPlace, parts } = edgesFor(node);
     for (const edge of [...inPlace, ...parts]) {
       if (!isObject(edge.target)) continue;
