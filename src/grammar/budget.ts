@@ -1,32 +1,37 @@
 /**
- * The schema budget: how much work one request's schemas may cost, in units of about 10 ns of
+ * The schema budget: how much work one request's schemas may cost, in units of about 5 ns of
  * compiling on one core, counted as the work happens so that whatever the trick, work past the
  * budget is never done. See docs/grammar.md for what each step costs.
  */
 import { GrammarError } from "./errors.ts";
 
-/** Units one request's schemas may cost (≈ 40 ms of compiling, or 4 million automaton steps). */
+/** Units one request's schemas may cost (≈ 20 ms of compiling, or 4 million automaton steps). */
 export const SCHEMA_BUDGET = 4_000_000;
 
 /**
- * What each kind of work costs, in budget units. A unit is about 10 ns of work: one character of
- * grammar text, one automaton step; visiting one schema node costs a few hundred.
+ * What each kind of work costs, in budget units. A unit is about 5 ns of compiling (measured on
+ * the costliest shapes, with a cold JIT: a whole budget of synchronous work is about 20 ms on one
+ * core), or one automaton step (those run in slices between other work).
  */
 export const COSTS = {
   /** Compiling one schema node (keyword checks, the rules it adds). */
-  node: 200,
+  node: 400,
   /** Checking one schema node's keyword values (once per schema compiled). */
-  checkedNode: 20,
+  checkedNode: 40,
   /** Resolving one `$ref`. */
-  ref: 50,
+  ref: 100,
   /** Merging one keyword of one schema into another (allOf, a `$ref` beside other keywords). */
-  mergeKey: 50,
+  mergeKey: 100,
   /** One character of GBNF text written, or of a value compared or quoted. */
-  char: 1,
+  char: 2,
+  /** One character of a compiled automaton's rules copied into a grammar. */
+  copiedChar: 1,
   /** One rule llama.cpp writes out for a bounded repetition (`x{0,50}` is 50 rules). */
   repetition: 100,
   /** Measuring one schema node with its in-place applicators (`$ref`, `allOf`, …) expanded. */
   expandedNode: 10,
+  /** One step of compiling a pattern automaton. */
+  automatonStep: 1,
 } as const;
 
 /**

@@ -129,7 +129,7 @@ export class GbnfRules {
    * {@link reserve} never gives (it gives lower case only: e.g. a reserved name + `-S1`).
    */
   addText(text: string, count: number): void {
-    this.budget.charge(text.length * COSTS.char);
+    this.budget.charge(text.length * COSTS.copiedChar);
     this.#texts.push(text);
     this.#textRules += count;
   }

@@ -14,7 +14,7 @@
  */
 
 import type { GbnfRules } from "./gbnf.ts";
-import { Budget, budgetError, SCHEMA_BUDGET } from "./budget.ts";
+import { Budget, budgetError, COSTS, SCHEMA_BUDGET } from "./budget.ts";
 import { LruCache } from "./lru.ts";
 import { GrammarError } from "./errors.ts";
 import type { AutomatonSource, PatternAutomaton, StringConstraints } from "./types.ts";
@@ -867,6 +867,8 @@ export class AutomatonCache implements AutomatonSource {
   readonly #limit: number;
   #session?: BuildSession;
   #turn: Promise<void> = Promise.resolve();
+  /** The turn of the last grammar build pass queued (see {@link build}). */
+  #passTurn: Promise<void> = Promise.resolve();
   /** Automata compiled (or refused) so far: with a warm cache, building a grammar compiles none. */
   compiled = 0;
 
@@ -926,7 +928,13 @@ export class AutomatonCache implements AutomatonSource {
       chars: 0,
       budget: new Budget(this.#limit),
     };
+    const slices = this.#slices(signal);
     for (;;) {
+      // A pass is synchronous (up to the budget: about 20 ms): passes of all requests take turns,
+      // each on a turn of the event loop of its own, so two never run without other work between.
+      const turn = this.#passTurn.then(() => slices.pause());
+      this.#passTurn = turn.catch(() => {});
+      await turn;
       session.missing.clear();
       session.chars = 0;
       // Each pass does the whole build again: its budget starts afresh and is charged again the
@@ -1022,7 +1030,7 @@ export function patternRules(
   }
   // Every use of an automaton costs the steps of compiling it, cached or not: a request's verdict
   // does not depend on what other requests compiled before it.
-  rules.budget.charge(automaton.steps, "compiling its patterns");
+  rules.budget.charge(automaton.steps * COSTS.automatonStep, "compiling its patterns");
   rules.define(name, `${name}-S0`);
   rules.addText((json ? automaton.json : automaton.raw).join(name), automaton.states);
   return name;
