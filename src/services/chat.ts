@@ -24,7 +24,7 @@ import type {
 } from "../engines/types.ts";
 import { EngineInputError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
-import { checkAgainstSchema, checkSchemaLimits } from "./schema_check.ts";
+import { checkAgainstSchema, checkSchemaLimits, warmSchemaCheck } from "./schema_check.ts";
 import { Budget } from "../grammar/mod.ts";
 
 /** Per-request context from the server. */
@@ -193,6 +193,7 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
     ) => [t.function.name, t.function.parameters ?? {}]),
   );
   if (!schema && toolSchemas.size === 0) return undefined;
+  warmSchemaCheck();
   const toolIndex = (name: string) => (req.tools ?? []).findIndex((t) => t.function.name === name);
   return async (_index, message, finish) => {
     if (finish === "length") return undefined;

@@ -6,6 +6,7 @@
  */
 import { badRequest } from "../http/errors.ts";
 import { Budget, GrammarError, measureSchema } from "../grammar/mod.ts";
+import { Worker } from "node:worker_threads";
 import type { CheckResult } from "./schema_ajv.ts";
 import type { CheckReply, CheckRequest } from "./schema_worker.ts";
 
@@ -13,8 +14,11 @@ export type { CheckResult };
 
 /** How long one check may take before it is cut off (Ajv compiling 10,000 schema nodes takes ~2 s). */
 const CHECK_TIMEOUT_MS = 10_000;
-/** How long an idle worker is kept (its compiled validators with it). */
-const IDLE_MS = 3_000;
+/**
+ * How long an idle worker is kept, its compiled validators with it (starting one takes about 200 ms:
+ * Ajv is loaded anew). It never keeps the process alive.
+ */
+const IDLE_MS = 5 * 60_000;
 
 interface Queued {
   key: string;
@@ -26,7 +30,7 @@ interface Queued {
  * Checks values against schemas on a worker thread (Ajv; see schema_ajv.ts), one at a time in
  * order. A check that takes longer than `timeoutMs` is cut off (`timedOut`) and its worker ended, so
  * a schema whose check never ends (a catastrophic `pattern`, say) costs one worker, not the server.
- * An idle worker ends after `idleMs`.
+ * An idle worker ends after `idleMs`; it never keeps the process alive (a Node worker, unref'd).
  *
  * @example
  * ```ts
@@ -61,6 +65,16 @@ export class SchemaChecker {
     });
   }
 
+  /** Starts the worker now, if it is not running, so that a check soon does not wait for it to load. */
+  warm(): void {
+    clearTimeout(this.#idle);
+    this.#start();
+    if (!this.#running && this.#queue.length === 0) {
+      this.#idle = setTimeout(() => this.#stop(), this.#idleMs);
+      Deno.unrefTimer(this.#idle);
+    }
+  }
+
   /** Ends the worker; checks waiting or running are answered as cut off. */
   close(): void {
     clearTimeout(this.#idle);
@@ -75,6 +89,8 @@ export class SchemaChecker {
     if (this.#running || this.#queue.length === 0) return;
     clearTimeout(this.#idle);
     const worker = this.#start();
+    // A check waits for the worker: it keeps the process alive until the answer (only then).
+    worker.ref();
     if (!this.#ready) return;
     const job = this.#queue.shift()!;
     const id = this.#next++;
@@ -96,9 +112,9 @@ export class SchemaChecker {
 
   #start(): Worker {
     if (this.#worker) return this.#worker;
-    const worker = new Worker(new URL("./schema_worker.ts", import.meta.url), { type: "module" });
-    worker.onmessage = (e: MessageEvent<CheckReply>) => {
-      const reply = e.data;
+    const worker = new Worker(new URL("./schema_worker.ts", import.meta.url));
+    worker.unref();
+    worker.on("message", (reply: CheckReply) => {
       if ("ready" in reply) {
         this.#ready = true;
         return this.#pump();
@@ -110,14 +126,15 @@ export class SchemaChecker {
       running.job.resolve(reply.result);
       if (this.#queue.length > 0) this.#pump();
       else {
+        worker.unref();
         this.#idle = setTimeout(() => this.#stop(), this.#idleMs);
         Deno.unrefTimer(this.#idle);
       }
-    };
-    worker.onerror = (e: ErrorEvent) => {
+    });
+    worker.on("error", (e: Error) => {
       // Every check is answered from a try: an error here ended the worker (out of memory, say), or
       // it could not load; what waits fails (a worker that cannot load is not restarted in a loop).
-      e.preventDefault();
+      if (this.#worker !== worker) return;
       const loaded = this.#ready;
       const running = this.#running;
       if (running) clearTimeout(running.deadline);
@@ -127,13 +144,13 @@ export class SchemaChecker {
       running?.job.resolve(failed);
       if (!loaded) { for (const job of this.#queue.splice(0)) job.resolve(failed); }
       this.#pump();
-    };
+    });
     this.#worker = worker;
     return worker;
   }
 
   #stop(): void {
-    this.#worker?.terminate();
+    void this.#worker?.terminate();
     this.#worker = undefined;
     this.#ready = false;
   }
@@ -152,6 +169,11 @@ const checker = new SchemaChecker();
  */
 export function checkAgainstSchema(schema: unknown, value: unknown): Promise<CheckResult> {
   return checker.check(schema, value);
+}
+
+/** Loads the output check's worker ahead of a check (a request that will need one has arrived). */
+export function warmSchemaCheck(): void {
+  checker.warm();
 }
 
 /** Bounds on a schema a request may carry (OpenAI's own are lower: 5 levels, 1,000 enum values). */
