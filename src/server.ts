@@ -23,9 +23,14 @@ import { ChatRequestSchema } from "./protocol/chat.ts";
 import type { ModelList, ModelObject } from "./protocol/models.ts";
 import { createEmbeddings, type EmbeddingLimits } from "./services/embeddings.ts";
 import { createEntryEmbeddings } from "./services/upstream_embeddings.ts";
+import { modelStatus } from "./upstream/status.ts";
+import { relayCompletion } from "./upstream/completions.ts";
+import { poolOf } from "./upstream/load.ts";
+import type { CompletionUsage } from "./protocol/common.ts";
 import { openApiDocument, type RouteInfo } from "./http/openapi.ts";
 import { type ChatContext, createChatCompletion } from "./services/chat.ts";
-import { createResponse } from "./services/responses.ts";
+import { createResponse, IGNORED_TOOLS_HEADER, type ResponsesOptions } from "./services/responses.ts";
+import { ReasoningSealer } from "./services/reasoning_seal.ts";
 import { ResponsesRequestSchema } from "./protocol/responses.ts";
 import { createCompletion } from "./services/completions.ts";
 import { detokenize, tokenize } from "./services/tokens.ts";
@@ -37,6 +42,8 @@ import {
 import { VERSION_INFO } from "./version.ts";
 import type { z } from "zod";
 import type { ConnectionWatch } from "./http/connections.ts";
+import { CountTokensRequestSchema, MessagesRequestSchema } from "./protocol/anthropic.ts";
+import { anthropicErrorResponse, postCountTokens, postMessages } from "./routes/messages.ts";
 
 /** Shutdown state shared with `main.ts`. */
 export interface Lifecycle {
@@ -71,6 +78,10 @@ export interface ServerDeps {
   onRequest?: () => void;
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
+  /** Hosted-tool policy and reasoning sealing of `/v1/responses` (default: ignore, a key made here). */
+  responses?: ResponsesOptions;
+  /** Each local model's weight, share and compute seconds in the compute arbiter, for /health. */
+  computeUsage?: () => readonly { model: string; weight: number; share: number; seconds: number }[];
 }
 
 /** The request handler for `Deno.serve`, with the route table it serves. */
@@ -101,6 +112,8 @@ interface Route {
   /** `v1`: a key always; `ops`: per --ops-auth; `open`: never. */
   auth: "v1" | "ops" | "open";
   handler: Handler;
+  /** The route's error body, when it is not OpenAI's. */
+  errors?: (e: ApiError, requestId: string) => Response;
 }
 
 /**
@@ -145,7 +158,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       created: slot.created,
       owned_by: slot.spec.owned_by,
       kind: slot.spec.kind,
-      status: slot.state,
+      status: modelStatus(slot.state, slot.engine?.upstreams?.()),
       ...(name !== slot.spec.id ? { alias_of: slot.spec.id } : {}),
       ...(slot.engine?.upstreams
         ? { upstreams: slot.engine.upstreams().map((u) => ({ name: u.name, state: u.state })) }
@@ -153,18 +166,31 @@ export function createServer(deps: ServerDeps): ServerHandler {
     };
   };
 
+  const computeOf = (model: string) => {
+    const u = deps.computeUsage?.().find((u) => u.model === model);
+    return u
+      ? {
+        compute: {
+          weight: u.weight,
+          share: Number(u.share.toFixed(4)),
+          seconds: Number(u.seconds.toFixed(3)),
+        },
+      }
+      : {};
+  };
   const healthBody = () => ({
     status: deps.lifecycle.draining ? "draining" : "ok",
     ready: deps.registry.ready && !deps.lifecycle.draining,
     models: deps.registry.slots.map((s) => ({
       id: s.spec.id,
       kind: s.spec.kind,
-      status: s.state,
+      status: modelStatus(s.state, s.engine?.upstreams?.()),
       // The reason without file system paths: this body needs no key.
       ...(s.error ? { error: s.error.replace(/(?:\/[^\s'"/]+)+\/([^\s'"/]+)/g, "…/$1") } : {}),
       ...(s.loadSeconds !== undefined ? { load_seconds: Number(s.loadSeconds.toFixed(2)) } : {}),
       in_flight: s.inFlight,
       ...s.details,
+      ...computeOf(s.spec.id),
       ...(s.engine?.upstreams
         ? {
           upstreams: s.engine.upstreams().map((u) => ({
@@ -197,7 +223,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       signal: ctx.signal,
       log: deps.log,
       requestId: ctx.id,
-      onStarted: () => (ctx.queueWaitMs = performance.now() - started),
+      onStarted: (at = performance.now()) => (ctx.queueWaitMs = Math.max(0, at - started)),
       onFirstToken: () =>
         deps.metrics.ttft.observe({ model: slot.spec.id }, (performance.now() - started) / 1000),
       onUsage: (u) => {
@@ -206,6 +232,10 @@ export function createServer(deps: ServerDeps): ServerHandler {
       },
     };
   };
+
+  const responsesOptions: Promise<ResponsesOptions> = deps.responses
+    ? Promise.resolve(deps.responses)
+    : ReasoningSealer.create().then((sealer) => ({ hostedTools: "ignore", sealer }));
 
   const routes: Route[] = [
     {
@@ -265,7 +295,31 @@ export function createServer(deps: ServerDeps): ServerHandler {
       handler: async (req, ctx) => {
         const body = await parse(req, ResponsesRequestSchema);
         const { slot, engine } = chatEngine(body.model, ctx);
-        return await createResponse(body, engine, chatContext(slot, ctx));
+        return await createResponse(body, engine, chatContext(slot, ctx), await responsesOptions);
+      },
+    },
+    {
+      method: "POST",
+      path: "/v1/messages",
+      auth: "v1",
+      errors: anthropicErrorResponse,
+      handler: async (req, ctx) => {
+        const body = await parse(req, MessagesRequestSchema);
+        const { slot, engine } = chatEngine(body.model, ctx);
+        return await postMessages(body, engine, chatContext(slot, ctx));
+      },
+    },
+    {
+      method: "POST",
+      path: "/v1/messages/count_tokens",
+      auth: "v1",
+      errors: anthropicErrorResponse,
+      handler: async (req, ctx) => {
+        const body = await parse(req, CountTokensRequestSchema);
+        ctx.model = body.model;
+        allowedSlot(body.model, ctx.key);
+        const { slot, engine } = deps.registry.engine(body.model, "chat");
+        return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, ctx.signal);
       },
     },
     ...["GET", "DELETE"].map((method): Route => ({
@@ -296,17 +350,21 @@ export function createServer(deps: ServerDeps): ServerHandler {
           ? 1
           : body.prompt.length;
         admit(slot, ctx, prompts * (body.n ?? 1));
-        return await createCompletion(body, engine, {
+        const completionContext = {
           created: now(),
           signal: ctx.signal,
           log: deps.log,
           requestId: ctx.id,
           systemFingerprint: slot.details.system_fingerprint as string | undefined,
-          onUsage: (u) => {
+          onUsage: (u: CompletionUsage) => {
             ctx.promptTokens = u.prompt_tokens;
             ctx.completionTokens = u.completion_tokens;
           },
-        });
+        };
+        // A model served by upstreams relays the request: the prompt's tokens are the upstream's.
+        const pool = poolOf(engine);
+        if (pool) return await relayCompletion(body, pool, completionContext);
+        return await createCompletion(body, engine, completionContext);
       },
     },
     ...["/tokenize", "/v1/tokenize"].map((path): Route => ({
@@ -320,7 +378,12 @@ export function createServer(deps: ServerDeps): ServerHandler {
         const slot = deps.registry.find(body.model);
         const { engine } = deps.registry.engine(body.model, slot.spec.kind);
         return jsonResponse(
-          await tokenize(body, engine, slot.spec.kind === "chat" ? slot.spec.thinking : undefined),
+          await tokenize(
+            body,
+            engine,
+            slot.spec.kind === "chat" ? slot.spec.thinking : undefined,
+            ctx.signal,
+          ),
         );
       },
     })),
@@ -342,6 +405,20 @@ export function createServer(deps: ServerDeps): ServerHandler {
       path: "/version",
       auth: "open",
       handler: () => jsonResponse(VERSION_INFO),
+    },
+    // Clients probe the base URL (Claude Code sends `HEAD /` first).
+    {
+      method: "GET",
+      path: "/",
+      auth: "open",
+      handler: () =>
+        jsonResponse({ name: VERSION_INFO.name, version: VERSION_INFO.version, openapi: "/openapi.json" }),
+    },
+    {
+      method: "HEAD",
+      path: "/",
+      auth: "open",
+      handler: () => new Response(null, { headers: { "content-type": "application/json" } }),
     },
     {
       method: "GET",
@@ -479,19 +556,32 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ctx.route = "preflight";
         res = new Response(null, { status: 204 });
       } else {
+        // (Past 65,534 bytes Deno's HTTP parser refuses the request line itself: an empty 400.)
+        const target = url.pathname.length + url.search.length;
+        if (target > MAX_TARGET_CHARS) {
+          throw new ApiError(
+            414,
+            "invalid_request_error",
+            `The request path and query are ${target} characters long; at most ${MAX_TARGET_CHARS} are accepted.`,
+            null,
+            "uri_too_long",
+          );
+        }
         const { route: r, match } = route(req.method, url.pathname);
         ctx.route = r.prefix ? `${r.path}{id}` : r.path;
         if (deps.lifecycle.draining && r.auth === "v1") {
           throw abortedError(new DOMException("shutting down", "ShutdownError"));
         }
         if (r.auth === "v1" || (r.auth === "ops" && deps.opsNeedKey)) {
-          ctx.key = deps.keys.authorize(req.headers.get("authorization"));
+          ctx.key = deps.keys.authorize(req.headers.get("authorization"), req.headers.get("x-api-key"));
         }
         if (r.auth === "v1") rateHeaders = deps.limiter.admit(ctx.key);
         res = await r.handler(req, ctx, match);
       }
     } catch (e) {
-      res = errorResponse(toApiError(e, signal, ctx, deps.log));
+      const error = toApiError(e, signal, ctx, deps.log);
+      const shape = routes.find((r) => r.errors && r.path === url.pathname)?.errors;
+      res = shape ? shape(error, ctx.id) : errorResponse(error);
     }
     res.headers.set("x-request-id", ctx.id);
     res.headers.set("x-content-type-options", "nosniff");
@@ -585,6 +675,9 @@ function withBodyEnd(res: Response, done: (cut: boolean) => void): Response {
   return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
 
+/** Longest request path and query (as llama-server's HTTP library): a longer one is a 414. */
+const MAX_TARGET_CHARS = 8192;
+
 /** At most `max` characters of a client-supplied string, for logs and error messages. */
 export function clip(text: string, max: number): string {
   return text.length <= max ? text : `${text.slice(0, max)}…(${text.length} chars)`;
@@ -611,6 +704,6 @@ function applyCors(req: Request, res: Response, origins: readonly string[]): voi
       : "authorization, content-type, x-request-id",
   );
   res.headers.set("access-control-allow-methods", "GET, POST, OPTIONS");
-  res.headers.set("access-control-expose-headers", "x-request-id");
+  res.headers.set("access-control-expose-headers", `x-request-id, ${IGNORED_TOOLS_HEADER}`);
   res.headers.set("access-control-max-age", "600");
 }

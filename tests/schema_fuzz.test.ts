@@ -5,7 +5,7 @@
  * past the budget; a sample of them through a real server is a 200 or a 400, never a 5xx.
  */
 import assert from "node:assert/strict";
-import fc from "fast-check";
+import { fc } from "./helpers/clients.ts";
 import { Budget, GrammarError, JsonGrammar, measureSchema, SCHEMA_BUDGET } from "../src/grammar/mod.ts";
 import { checkSchemaLimits } from "../src/services/schema_check.ts";
 import { ApiError } from "../src/http/errors.ts";

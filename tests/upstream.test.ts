@@ -34,7 +34,7 @@ const [u1, firstU2] = await Promise.all([
 ]);
 let u2: TestServer = firstU2;
 const u2Port = new URL(u2.url).port;
-const [s1, s2, s3, s4] = [startStandIn(), startStandIn(), startStandIn(), startStandIn()];
+const [s1, s2, s3, s4, s5] = [startStandIn(), startStandIn(), startStandIn(), startStandIn(), startStandIn()];
 const hole = await startBlackHole();
 
 const fast = { connectTimeoutMs: 200, firstByteTimeoutMs: 400 };
@@ -93,6 +93,29 @@ const gatewayRegistry = await writeJson({
     })),
     { id: "gw/cut", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "cut" }] },
     { id: "gw/slow", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "slow" }] },
+    { id: "gw/delay", kind: "chat", backend: "openai", upstreams: [{ url: s1.url, model: "delay" }] },
+    {
+      id: "gw/stall",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: s1.url, model: "stall", name: "stalls" }],
+      routing: { streamIdleTimeoutMs: 300, healthIntervalMs: 0, failures: 100 },
+    },
+    {
+      id: "gw/readmit",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: s5.url, model: "ok", name: "back" }, { url: s2.url, model: "ok", name: "spare" }],
+      // A back-off far longer than the test: only the health checks can bring "back" back in time.
+      routing: {
+        ...fast,
+        healthIntervalMs: 100,
+        failures: 1,
+        ejectMs: 600_000,
+        maxEjectMs: 600_000,
+        affinityPrefixChars: 0,
+      },
+    },
     {
       id: "gw/spread",
       kind: "chat",
@@ -148,7 +171,7 @@ const gw = await startServer(["--models", gatewayRegistry, "--api-key", KEY], {
 });
 globalThis.addEventListener("unload", () => {
   for (const s of [gw, u1, u2]) void s.stop();
-  for (const s of [s1, s2, s3, s4]) void s.stop().catch(() => {});
+  for (const s of [s1, s2, s3, s4, s5]) void s.stop().catch(() => {});
   hole.close();
 });
 
@@ -183,6 +206,9 @@ const upstreamState = async (model: string, name: string) =>
   (await health()).models.find((m: Json) => m.id === model).upstreams.find((u: Json) => u.name === name)
     .state;
 const metrics = async () => await (await fetch(`${gw.url}/metrics`)).text();
+const modelStatus = async (id: string) =>
+  (await (await fetch(`${gw.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } })).json())
+    .data.find((m: Json) => m.id === id).status;
 /** The value of one series of /metrics (0 when absent). */
 function series(text: string, name: string, labels: Record<string, string>): number {
   const want = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
@@ -211,6 +237,8 @@ serverTest(
     assert.equal(viaAlias.body.model, "gw-chat");
     assert.match(via.body.id, /^chatcmpl-/);
     assert.deepEqual(via.body.choices, direct.body.choices);
+    assert.ok(direct.body.system_fingerprint, "the upstream vserve gives its fingerprint");
+    assert.equal(via.body.system_fingerprint, direct.body.system_fingerprint, "the upstream's fingerprint");
     assert.equal(via.body.usage.prompt_tokens, direct.body.usage.prompt_tokens);
     assert.equal(via.body.usage.completion_tokens, direct.body.usage.completion_tokens);
   },
@@ -470,6 +498,24 @@ serverTest("a client disconnect cancels the upstream request at once", async () 
 
 // ---- routing ----
 
+serverTest("legacy completions with a long shared prompt start keep to one upstream", async () => {
+  s1.requests.length = 0;
+  s2.requests.length = 0;
+  const prompts = Array.from({ length: 7 }, (_, i) => `Document ${i}. ${"Few-shot example. ".repeat(20)}`);
+  for (let turn = 0; turn < 3; turn++) {
+    for (const prompt of prompts) {
+      // The stand-ins have no /v1/completions: each answer is a 400, but where it went is recorded.
+      const r = await postJson(`${gw.url}/v1/completions`, { model: "gw/affinity", prompt }, KEY);
+      assert.equal(r.status, 400);
+    }
+  }
+  const where = prompts.map((p) =>
+    [s1, s2].map((s) => s.requests.filter((r) => r.body.prompt === p).length).join("/")
+  );
+  assert.ok(where.every((w) => w === "3/0" || w === "0/3"), where.join(" "));
+  assert.ok(where.includes("3/0") && where.includes("0/3"), `different prompts spread: ${where.join(" ")}`);
+});
+
 serverTest("least-outstanding routing spreads concurrent requests evenly", async () => {
   s1.requests.length = 0;
   s2.requests.length = 0;
@@ -558,10 +604,14 @@ serverTest(
       await ready.body?.cancel();
       const models =
         await (await fetch(`${gw.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } })).json();
-      assert.deepEqual(
-        models.data.find((m: Json) => m.id === "gw/health").upstreams,
-        [{ name: "checked", state: "unhealthy" }],
-      );
+      const listed = models.data.find((m: Json) => m.id === "gw/health");
+      assert.deepEqual(listed.upstreams, [{ name: "checked", state: "unhealthy" }]);
+      assert.equal(listed.status, "unavailable", "not 'loaded' while no upstream can answer");
+      const one = await (await fetch(`${gw.url}/v1/models/gw%2Fhealth`, {
+        headers: { authorization: `Bearer ${KEY}` },
+      })).json();
+      assert.equal(one.status, "unavailable");
+      assert.equal((await health()).models.find((m: Json) => m.id === "gw/health").status, "unavailable");
       assert.equal(series(await metrics(), "vserve_upstream_state", { model: "gw/health" }), -1);
       assertApiError(await post({ model: "gw/health", messages: user }), 503, {
         code: "no_upstream_available",
@@ -575,6 +625,74 @@ serverTest(
       return r.status === 200;
     });
     assert.equal((await post({ model: "gw/health", messages: user })).status, 200);
+    assert.equal(await modelStatus("gw/health"), "loaded");
+  },
+);
+
+serverTest(
+  "an ejected upstream whose health check passes is readmitted on trial at once, not after its back-off",
+  async () => {
+    const ejections = async () =>
+      series(await metrics(), "vserve_upstream_ejections_total", { model: "gw/readmit", upstream: "back" });
+    const served = () => s5.requests.length;
+    /** Posts (each answered, by the spare if need be) until `done` holds; at most `max` requests. */
+    const postUntil = async (what: string, done: () => Promise<boolean> | boolean, max = 10) => {
+      for (let i = 0; !(await done()); i++) {
+        if (i === max) throw new Error(`${max} requests and still not ${what}`);
+        const r = await post({ model: "gw/readmit", messages: user });
+        assert.equal(r.status, 200, JSON.stringify(r.body));
+      }
+    };
+    const start = await ejections();
+    s5.failing = true;
+    try {
+      await postUntil("ejected", async () => await ejections() === start + 1);
+      // Its health check passes: readmitted long before the 600 s back-off ends.
+      await until("readmitted", async () => await upstreamState("gw/readmit", "back") === "healthy");
+      // On trial: the first request it takes fails, and it is ejected again at once.
+      const before = served();
+      await postUntil("ejected again", async () => await ejections() === start + 2);
+      assert.equal(served(), before + 1, "one trial request");
+      // Its checks pass while its requests fail: they no longer readmit it.
+      const checks = s5.healthChecks;
+      await until("five more health checks", () => s5.healthChecks >= checks + 5);
+      assert.equal(await upstreamState("gw/readmit", "back"), "ejected");
+      assert.equal(await modelStatus("gw/readmit"), "degraded");
+      for (let i = 0; i < 4; i++) {
+        assert.equal((await post({ model: "gw/readmit", messages: user })).status, 200);
+      }
+      assert.equal(served(), before + 1, "no request reached it");
+      // It goes down (a failing check) and comes back: its next passing check readmits it.
+      s5.healthy = false;
+      const down = s5.healthChecks;
+      await until("two failing health checks", () => s5.healthChecks >= down + 2);
+    } finally {
+      s5.failing = false;
+      s5.healthy = true;
+    }
+    await until("readmitted again", async () => await upstreamState("gw/readmit", "back") === "healthy");
+    const okBefore = series(await metrics(), "vserve_upstream_requests_total", {
+      model: "gw/readmit",
+      upstream: "back",
+      outcome: "ok",
+    });
+    const before = served();
+    await postUntil("served by it", () => served() > before);
+    const okAfter = series(await metrics(), "vserve_upstream_requests_total", {
+      model: "gw/readmit",
+      upstream: "back",
+      outcome: "ok",
+    });
+    assert.equal(okAfter, okBefore + 1, "its trial request succeeded");
+    assert.equal(await ejections(), start + 2, "and it stays in");
+    assert.equal(await upstreamState("gw/readmit", "back"), "healthy");
+    assert.equal(await modelStatus("gw/readmit"), "loaded");
+    assert.ok(
+      gw.logs.some((l) => l.includes("upstream readmitted on trial") && l.includes('"upstream":"back"')),
+    );
+    assert.ok(
+      gw.logs.some((l) => l.includes("upstream passed its trial") && l.includes('"upstream":"back"')),
+    );
   },
 );
 
@@ -716,14 +834,190 @@ serverTest(
   },
 );
 
-serverTest("tokenize and legacy completions answer 400 for a model served by upstreams", async () => {
-  assertApiError(await postJson(`${gw.url}/tokenize`, { model: "gw/chat", content: "hi" }, KEY), 400, {
-    code: "unsupported_for_upstream_model",
+serverTest(
+  "tokenize and detokenize answer 400 unsupported_for_upstream_model for a model served by upstreams",
+  async () => {
+    for (const model of ["gw/chat", "gw/embed"]) {
+      const tok = await postJson(`${gw.url}/tokenize`, { model, content: "hi" }, KEY);
+      assertApiError(tok, 400, { code: "unsupported_for_upstream_model", param: "model" });
+      assert.match(tok.body.error.message, /\/tokenize is not available/);
+      for (const path of ["/detokenize", "/v1/detokenize"]) {
+        const detok = await postJson(`${gw.url}${path}`, { model, tokens: [1, 2, 3] }, KEY);
+        assertApiError(detok, 400, { code: "unsupported_for_upstream_model", param: "model" });
+        assert.match(detok.body.error.message, /\/detokenize is not available/);
+        assert.doesNotMatch(detok.body.error.message, /0\.\.-1/);
+      }
+    }
+  },
+);
+
+// ---- legacy completions: relayed to the upstream's /v1/completions ----
+
+serverTest("legacy completions through the gateway equal direct ones, under our id and model", async () => {
+  const url = `${gw.url}/v1/completions`;
+  const directUrl = `${u1.url}/v1/completions`;
+  const cases = [
+    { prompt: "Once upon a time", max_tokens: 8, temperature: 0, cache_prompt: false },
+    { prompt: [1, 2, 3, 4], max_tokens: 4, temperature: 0, cache_prompt: false },
+    { prompt: ["One", "Two"], n: 2, max_tokens: 4, temperature: 0, seed: 3, cache_prompt: false },
+    { prompt: "Echo me", echo: true, logprobs: 2, max_tokens: 3, temperature: 0, cache_prompt: false },
+  ];
+  for (const c of cases) {
+    const direct = await postJson(directUrl, { ...c, model: "vserve/tiny-chat" }, UP_KEY);
+    const via = await postJson(url, { ...c, model: "gw/chat" }, KEY);
+    assert.equal(direct.status, 200, JSON.stringify(direct.body));
+    assert.equal(via.status, 200, JSON.stringify(via.body));
+    assert.equal(via.body.object, "text_completion");
+    assert.equal(via.body.model, "gw/chat");
+    assert.match(via.body.id, /^cmpl-/);
+    assert.notEqual(via.body.id, direct.body.id);
+    assert.equal(via.body.system_fingerprint, direct.body.system_fingerprint);
+    assert.deepEqual(via.body.choices, direct.body.choices, JSON.stringify(c));
+    assert.equal(via.body.usage.prompt_tokens, direct.body.usage.prompt_tokens);
+    assert.equal(via.body.usage.completion_tokens, direct.body.usage.completion_tokens);
+  }
+  // A token id beyond the vocabulary: the upstream's own range check, with its real range.
+  const bad = await postJson(url, { model: "gw/chat", prompt: [1, 99_999_999], max_tokens: 2 }, KEY);
+  assertApiError(bad, 400, { type: "invalid_request_error" });
+  assert.match(bad.body.error.message, /99999999/);
+  assert.doesNotMatch(bad.body.error.message, /0\.\.-1/);
+  // The gateway's own checks come first.
+  assertApiError(await postJson(url, { model: "gw/chat", prompt: "" }, KEY), 400, { param: "prompt" });
+  assertApiError(await postJson(url, { model: "gw/chat", prompt: "x", n: 2, best_of: 3 }, KEY), 400, {
+    param: "best_of",
   });
-  assertApiError(await postJson(`${gw.url}/v1/completions`, { model: "gw/chat", prompt: "hi" }, KEY), 400, {
-    code: "unsupported_for_upstream_model",
+  const streamBody = { prompt: "Once upon a time", max_tokens: 8, temperature: 0, cache_prompt: false };
+  const direct = await streamEvents(directUrl, UP_KEY, {
+    ...streamBody,
+    model: "vserve/tiny-chat",
+    stream_options: { include_usage: true },
   });
+  const via = await streamEvents(url, KEY, {
+    ...streamBody,
+    model: "gw/chat",
+    stream_options: { include_usage: true },
+  });
+  const shape = (events: Json[]) =>
+    events.map((e) =>
+      e === "[DONE]" ? e : {
+        choices: e.choices.map((c: Json) => ({ text: c.text, index: c.index, finish: c.finish_reason })),
+        usage: e.usage && { prompt: e.usage.prompt_tokens, completion: e.usage.completion_tokens },
+      }
+    );
+  assert.deepEqual(shape(via), shape(direct));
+  const chunks = via.slice(0, -1);
+  assert.equal(new Set(chunks.map((c) => c.id)).size, 1, "one id for the whole stream");
+  assert.ok(chunks.every((c) => c.model === "gw/chat" && c.object === "text_completion"));
+  const plain = await streamEvents(url, KEY, { ...streamBody, model: "gw/chat" });
+  assert.ok(plain.slice(0, -1).every((c) => c.usage === undefined), "usage only when asked for");
 });
+
+serverTest(
+  "legacy completions to upstreams that do not serve them: 400 unsupported_for_upstream_model, the upstream not failed",
+  async () => {
+    const count = async (outcome: string) =>
+      series(await metrics(), "vserve_upstream_requests_total", { model: "gw/think", outcome });
+    const [failed, rejected] = [await count("failed"), await count("rejected")];
+    for (const stream of [false, true]) {
+      const res = await postJson(`${gw.url}/v1/completions`, {
+        model: "gw/think",
+        prompt: "hi",
+        stream,
+        repeat_penalty: 1.1,
+      }, KEY);
+      assertApiError(res, 400, { code: "unsupported_for_upstream_model", param: "model" });
+      assert.match(res.body.error.message, /do not offer legacy completions/);
+      assert.doesNotMatch(res.body.error.message, /tokenize/);
+      const sent = s1.requests.at(-1)!;
+      assert.equal(sent.path, "/v1/completions");
+      assert.deepEqual(
+        [sent.model, sent.body.prompt, sent.body.stream, sent.body.stream_options],
+        ["think", "hi", true, { include_usage: true }],
+        "always streamed from the upstream, with usage",
+      );
+      assert.deepEqual([sent.body.repeat_penalty, sent.body.repetition_penalty], [1.1, 1.1]);
+    }
+    assert.equal(await count("failed"), failed, "not counted as a failure (no ejection)");
+    assert.equal(await count("rejected"), rejected + 2);
+    assert.equal(await upstreamState("gw/think", "upstream-0"), "healthy");
+  },
+);
+
+// ---- what the gateway passes through and measures ----
+
+serverTest("the upstream's system_fingerprint is passed through, streamed and not", async () => {
+  const whole = await post({ model: "gw/think", messages: user });
+  assert.equal(whole.body.system_fingerprint, "fp_standin");
+  const events = await streamEvents(chatUrl, KEY, {
+    model: "gw/think",
+    messages: user,
+    stream_options: { include_usage: true },
+  });
+  const chunks = events.slice(0, -1).filter((e) => e.choices.length > 0);
+  assert.ok(chunks.length >= 3);
+  assert.ok(chunks.every((c) => c.system_fingerprint === "fp_standin"), JSON.stringify(chunks[0]));
+});
+
+serverTest(
+  "the access log's queue_wait_ms ends when the request is sent upstream, not when the answer comes",
+  async () => {
+    for (const stream of [false, true]) {
+      const id = `queue-wait-${stream}`;
+      const res = await fetch(chatUrl, {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${KEY}`, "x-request-id": id },
+        body: JSON.stringify({ model: "gw/delay", messages: user, stream }),
+      });
+      assert.equal(res.status, 200);
+      await res.text();
+      const held = s1.requests.findLast((r) => r.headers.get("x-request-id") === id)!.heldMs!;
+      let line: Json;
+      await until("the access log line", () => {
+        const text = gw.logs.find((l) => l.includes('"msg":"request"') && l.includes(`"request_id":"${id}"`));
+        line = text && JSON.parse(text);
+        return line !== undefined;
+      });
+      // The upstream held its answer for `held` ms after it got the request: the wait before sending
+      // ended before that, so it fits in the request's time without the hold (whatever the machine's speed).
+      assert.equal(typeof line.queue_wait_ms, "number");
+      assert.ok(
+        line.queue_wait_ms <= line.ms - held + 0.02,
+        `queue_wait_ms ${line.queue_wait_ms}, request ${line.ms} ms, upstream hold ${held.toFixed(2)} ms`,
+      );
+    }
+  },
+);
+
+serverTest(
+  "a stream that stalls mid-way ends after streamIdleTimeoutMs: error event and [DONE], upstream aborted, failure counted",
+  async () => {
+    const failed = async () =>
+      series(await metrics(), "vserve_upstream_requests_total", {
+        model: "gw/stall",
+        upstream: "stalls",
+        outcome: "failed",
+      });
+    const before = await failed();
+    s1.requests.length = 0;
+    const events = await streamEvents(chatUrl, KEY, { model: "gw/stall", messages: user });
+    assert.equal(events[0].choices[0].delta.role, "assistant");
+    assert.ok(events.some((e) => e.choices?.[0]?.delta.content === "Hello"), "what came before is kept");
+    assert.equal(events.at(-1), "[DONE]");
+    const error = events.at(-2);
+    assert.equal(error.error.code, "upstream_timeout");
+    assert.equal(error.error.type, "timeout_error");
+    await until("the upstream saw the abort", () => s1.requests[0]?.aborted === true, 5000);
+    assert.equal(await failed(), before + 1, "counted as a failed request");
+    assert.ok(
+      gw.logs.some((l) => l.includes('"model":"gw/stall"') && l.includes("stream idle timeout")),
+      "the log says why",
+    );
+    // Without streaming the client has nothing yet: a plain 504.
+    assertApiError(await post({ model: "gw/stall", messages: user }), 504, { code: "upstream_timeout" });
+    await until("the second upstream request was aborted", () => s1.requests[1]?.aborted === true, 5000);
+    assert.equal(await failed(), before + 2);
+  },
+);
 
 serverTest("SIGTERM lets an upstream stream finish", async () => {
   const registry = await writeJson({

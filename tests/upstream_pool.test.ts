@@ -2,7 +2,9 @@
 import assert from "node:assert/strict";
 import { affinityKey, UpstreamPool } from "../src/upstream/pool.ts";
 import { RoutingSchema } from "../src/upstream/config.ts";
-import { errorFields, sseData, UpstreamFailure } from "../src/upstream/wire.ts";
+import { errorFields, sseData } from "../src/upstream/wire.ts";
+import { UpstreamFailure } from "../src/upstream/failure.ts";
+import { modelStatus } from "../src/upstream/status.ts";
 import { affinityText, upstreamRequest } from "../src/upstream/chat.ts";
 import { parseRegistry } from "../src/registry.ts";
 import { silentLogger } from "../src/log.ts";
@@ -90,6 +92,116 @@ Deno.test("an upstream that fails in a row is ejected for its back-off; a workin
   assert.equal(p.statuses()[0].routable, false);
   assert.equal(p.pick(), p.upstreams[1]);
   p.dispose();
+});
+
+Deno.test("an upstream on trial takes one request at a time while another can take the rest; a failure ejects it", () => {
+  const p = pool(2, { failures: 3, ejectMs: 60_000 });
+  const [a, b] = p.upstreams;
+  a.state = b.state = "healthy";
+  a.trial = true;
+  const trial = p.lease(a);
+  assert.equal(p.pick(), b, "its trial is under way: the others take requests");
+  assert.equal(p.pick(), b);
+  b.state = "unhealthy";
+  assert.equal(p.pick(), a, "alone, it takes them all");
+  trial.end("ok");
+  assert.equal(a.trial, false, "one success proves it");
+  a.trial = true;
+  a.readmittedBy = "health";
+  p.lease(a).end("failed", "boom");
+  assert.equal(a.state, "ejected", "one failure on trial ejects it, whatever `failures` says");
+  assert.equal(a.healthVouches, false, "its health check vouched for it wrongly");
+  p.dispose();
+});
+
+Deno.test("health checks: a passing one readmits an ejected upstream on trial, unless it vouched wrongly before", async () => {
+  let healthy = true;
+  const server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+    () => new Response("{}", { status: healthy ? 200 : 503 }),
+  );
+  try {
+    const p = new UpstreamPool(
+      "m",
+      [{ url: `http://127.0.0.1:${server.addr.port}/v1`, name: "a" }],
+      RoutingSchema.parse({ failures: 3, ejectMs: 600_000, healthIntervalMs: 0 }),
+      { log: silentLogger },
+    );
+    const [a] = p.upstreams;
+    await p.checkAll();
+    assert.equal(a.state, "healthy");
+    p.lease(a).end("failed");
+    p.lease(a).end("failed");
+    await p.checkAll();
+    assert.equal(a.failures, 2, "a passing check does not reset failed requests in a row");
+    p.lease(a).end("failed");
+    assert.equal(a.state, "ejected");
+    await p.checkAll();
+    assert.deepEqual([a.state, a.trial, a.readmittedBy], ["healthy", true, "health"], "readmitted on trial");
+    p.lease(a).end("failed");
+    assert.equal(a.state, "ejected");
+    await p.checkAll();
+    assert.equal(a.state, "ejected", "its check passes while its requests fail: no longer trusted");
+    healthy = false;
+    await p.checkAll();
+    assert.equal(a.state, "ejected");
+    healthy = true;
+    await p.checkAll();
+    assert.deepEqual([a.state, a.trial], ["healthy", true], "down and back up: readmitted");
+    p.lease(a).end("ok");
+    assert.deepEqual([a.state, a.trial, a.ejections], ["healthy", false, 0]);
+    // An outage seen by the checks makes earlier request failures stale.
+    p.lease(a).end("failed");
+    healthy = false;
+    await p.checkAll();
+    assert.equal(a.state, "unhealthy");
+    healthy = true;
+    await p.checkAll();
+    assert.deepEqual([a.state, a.failures], ["healthy", 0]);
+    p.dispose();
+  } finally {
+    await server.shutdown();
+  }
+});
+
+Deno.test("a model served by upstreams is loaded, degraded or unavailable by how many can take requests", () => {
+  const u = (routable: boolean) => ({
+    name: "u",
+    state: "healthy" as const,
+    routable,
+    inFlight: 0,
+    failures: 0,
+  });
+  assert.equal(modelStatus("loaded", [u(true), u(true)]), "loaded");
+  assert.equal(modelStatus("loaded", [u(true), u(false)]), "degraded");
+  assert.equal(modelStatus("loaded", [u(false), u(false)]), "unavailable");
+  assert.equal(modelStatus("loaded"), "loaded", "a local model");
+  assert.equal(modelStatus("loading", [u(false)]), "loading");
+});
+
+Deno.test("server-sent events: the idle limit counts waiting for the stream, not the consumer's time", async () => {
+  let push!: (text: string) => void;
+  const body = new ReadableStream<Uint8Array>({
+    start(c) {
+      push = (t) => c.enqueue(new TextEncoder().encode(t));
+    },
+  });
+  let expired = 0;
+  const events = sseData(body, { ms: 50, expired: () => expired++ });
+  push("data: 1\n\n");
+  assert.deepEqual((await events.next()).value, "1");
+  // The consumer holds the event longer than the limit (the stream sent the next one meanwhile).
+  await new Promise((r) => setTimeout(r, 120));
+  push("data: 2\n\n");
+  assert.deepEqual((await events.next()).value, "2");
+  assert.equal(expired, 0, "a slow consumer is not a stalled stream");
+  const third = events.next();
+  // (This timer is due after the limit's: it fires later, however late both are.)
+  await new Promise((r) => setTimeout(r, 120));
+  assert.equal(expired, 1, "the stream itself was silent past the limit");
+  push("data: 3\n\n");
+  assert.deepEqual((await third).value, "3");
+  await events.return(undefined);
 });
 
 Deno.test("dispatch with no routable upstream is a 503 no_upstream_available", async () => {

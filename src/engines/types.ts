@@ -128,7 +128,18 @@ export type FinishReason = "stop" | "length" | "tool_calls";
  * text, reasoning and calls, each choice ending with `end`.
  */
 export type ChatEvent =
-  | { type: "prompt"; promptTokens: number; cachedTokens: number }
+  | {
+    type: "prompt";
+    promptTokens: number;
+    cachedTokens: number;
+    /** The serving engine's own `system_fingerprint` (a remote server's), when it gave one. */
+    systemFingerprint?: string;
+    /**
+     * `performance.now()` when the engine began the job, when that was well before this event (a
+     * remote engine sends its request long before the answer's first chunk): the end of queue wait.
+     */
+    startedAt?: number;
+  }
   /** Log-probabilities of the prompt's tokens 2…n given what precedes them (`promptLogprobs`). */
   | { type: "prompt_logprobs"; entries: TokenLogprobInfo[] }
   /** The first token was generated (visible text may come later, or never). */
@@ -150,6 +161,8 @@ export type ChatEvent =
     finishReason: FinishReason;
     completionTokens: number;
     reasoningTokens: number;
+    /** The `stop` sequence that ended the choice (absent: it ended otherwise, or the engine cannot tell). */
+    stopSequence?: string;
   }
   /**
    * The final counts, from an engine that learns them only at the end (a remote server's usage):
@@ -175,12 +188,21 @@ export interface ChatEngine {
   upstreams?(): UpstreamStatus[];
   /** Runs one job; stops and frees its sequences when `signal` aborts or the iterator is returned. */
   generate(job: ChatJob, signal: AbortSignal): AsyncIterable<ChatEvent>;
-  /** Token ids of `text`; `special`: parse special-token text (chat markup) into special tokens. */
+  /**
+   * Token ids of `text`; `special`: parse special-token text (chat markup) into special tokens
+   * (only for text that is the client's own template: legacy completions, `/tokenize` of text).
+   */
   tokenize(text: string, special: boolean): number[];
   /** The text of `tokens` (special tokens included). */
   detokenize(tokens: readonly number[]): string;
-  /** The prompt text the chat template renders for these messages. */
-  renderPrompt(job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">): string;
+  /**
+   * The prompt the chat template renders for these messages: its text, and its tokens, in which
+   * only the template's own markup is special tokens (client text is tokenized as text).
+   */
+  prompt(
+    job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">,
+    signal?: AbortSignal,
+  ): Promise<{ text: string; tokens: number[] }>;
   /** Number of token ids (ids at or above are invalid). */
   readonly vocabSize: number;
   /** Whether the vocabulary has fill-in-the-middle tokens (legacy completions' `suffix`). */

@@ -8,7 +8,8 @@ export const ModelObjectSchema = z.object({
   created: z.number().int(),
   owned_by: z.string(),
   kind: z.enum(["chat", "embedding"]).optional(),
-  status: z.enum(["loading", "loaded", "failed"]).optional(),
+  /** `degraded` / `unavailable`: a model served by upstreams of which only some / none can take requests. */
+  status: z.enum(["loading", "loaded", "failed", "degraded", "unavailable"]).optional(),
   alias_of: z.string().optional(),
   /** A model served by upstreams: each one's state (by its configured name). */
   upstreams: z.array(z.object({

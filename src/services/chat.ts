@@ -37,8 +37,8 @@ export interface ChatContext {
   requestId: string;
   /** `system_fingerprint`: the engine build and the model file's digest. */
   systemFingerprint?: string;
-  /** The engine started the job (sequences were free). */
-  onStarted?: () => void;
+  /** The engine started the job (sequences were free; a remote engine: at `startedAt`, when it sent it). */
+  onStarted?: (startedAt?: number) => void;
   /** The first token arrived. */
   onFirstToken?: () => void;
   onUsage?: (usage: CompletionUsage) => void;
@@ -95,9 +95,12 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
     } catch (e) {
       throw toError(e);
     }
-    const prompt = first.done || first.value.type !== "prompt"
-      ? { promptTokens: 0, cachedTokens: 0 }
-      : first.value;
+    const prompt: { promptTokens: number; cachedTokens: number; startedAt?: number } =
+      first.done || first.value.type !== "prompt" ? { promptTokens: 0, cachedTokens: 0 } : first.value;
+    // A remote engine's own fingerprint (the build that really answers) wins over ours.
+    if (!first.done && first.value.type === "prompt" && first.value.systemFingerprint) {
+      ctx = { ...ctx, systemFingerprint: first.value.systemFingerprint };
+    }
     return { iterator, prompt };
   };
   if (!req.stream) {
@@ -105,7 +108,7 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
     // is generated again, up to three times in all; it is never returned.
     for (let attempt = 1;; attempt++) {
       const { iterator, prompt } = await start();
-      if (attempt === 1) ctx.onStarted?.();
+      if (attempt === 1) ctx.onStarted?.(prompt.startedAt);
       const body = await collect(req, job, id, ctx, prompt, iterator, toError);
       const fault = check
         ? (await Promise.all(body.choices.map((c) => check(c.index, c.message, c.finish_reason)))).find(
@@ -123,7 +126,7 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
     }
   }
   const { iterator, prompt } = await start();
-  ctx.onStarted?.();
+  ctx.onStarted?.(prompt.startedAt);
   const chunks = streamChunks(req, job, id, ctx, prompt, iterator, abort, check);
   return { kind: "stream", chunks: logErrors(chunks, toError, ctx), toError };
 }
@@ -293,9 +296,6 @@ export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
       ? { type: "json_schema", schema: rf.json_schema.schema }
       : { type: "json_object" };
   }
-  if (output.type !== "text" && toolChoice !== "none" && tools.length > 0 && toolChoice !== "auto") {
-    throw badRequest("response_format cannot be combined with a forced tool_choice.", "response_format");
-  }
   if (req.audio != null || (req.modalities ?? []).some((m) => m !== "text")) {
     throw badRequest(
       "This server generates text only: audio output (modalities ['audio'], audio) is not available.",
@@ -341,32 +341,54 @@ function textOf(content: ChatMessage["content"]): string {
   return content.map((p) => p.text).join("");
 }
 
+/**
+ * The conversation as engine messages. Chat templates take one system message, first: the leading
+ * run of system / developer messages is joined into it (blank line between), and a later one (an
+ * agent's mid-conversation instructions) becomes a user turn in its place, text unchanged.
+ */
 export function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
   const callNames = new Map<string, string>();
-  return messages.map((m, i): EngineMessage => {
-    switch (m.role) {
-      case "system":
-      case "developer":
-        return { role: "system", text: textOf(m.content) };
-      case "user":
-        return { role: "user", text: textOf(m.content) };
-      case "assistant": {
-        const toolCalls = (m.tool_calls ?? []).map((c, j) => {
-          callNames.set(c.id, c.function.name);
-          return { id: c.id, name: c.function.name, arguments: argumentsObject(c.function.arguments, i, j) };
-        });
-        const reasoning = m.reasoning_content ?? m.reasoning ?? undefined;
-        return { role: "assistant", text: textOf(m.content), toolCalls, ...(reasoning ? { reasoning } : {}) };
+  const lead = messages.findIndex((m) => m.role !== "system" && m.role !== "developer");
+  const leading = lead === -1 ? messages.length : lead;
+  const out: EngineMessage[] = leading > 0
+    ? [{ role: "system", text: messages.slice(0, leading).map((m) => textOf(m.content)).join("\n\n") }]
+    : [];
+  return out.concat(
+    messages.slice(leading).map((m, k): EngineMessage => {
+      const i = k + leading;
+      switch (m.role) {
+        case "system":
+        case "developer":
+          return { role: "user", text: textOf(m.content) };
+        case "user":
+          return { role: "user", text: textOf(m.content) };
+        case "assistant": {
+          const toolCalls = (m.tool_calls ?? []).map((c, j) => {
+            callNames.set(c.id, c.function.name);
+            return {
+              id: c.id,
+              name: c.function.name,
+              arguments: argumentsObject(c.function.arguments, i, j),
+            };
+          });
+          const reasoning = m.reasoning_content ?? m.reasoning ?? undefined;
+          return {
+            role: "assistant",
+            text: textOf(m.content),
+            toolCalls,
+            ...(reasoning ? { reasoning } : {}),
+          };
+        }
+        case "tool":
+          return {
+            role: "tool",
+            text: textOf(m.content),
+            toolCallId: m.tool_call_id,
+            toolName: callNames.get(m.tool_call_id),
+          };
       }
-      case "tool":
-        return {
-          role: "tool",
-          text: textOf(m.content),
-          toolCallId: m.tool_call_id,
-          toolName: callNames.get(m.tool_call_id),
-        };
-    }
-  });
+    }),
+  );
 }
 
 /** A history call's `arguments` (JSON text, as the SDKs send it) as the object templates iterate. */

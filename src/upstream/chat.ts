@@ -15,8 +15,9 @@ import type {
   TokenLogprobInfo,
   UpstreamStatus,
 } from "../engines/types.ts";
-import { affinityKey, type Outcome, type Upstream, type UpstreamPool } from "./pool.ts";
-import { post, sseData, statusFailure, UpstreamFailure } from "./wire.ts";
+import { affinityKey, type Upstream, type UpstreamPool } from "./pool.ts";
+import { type Outcome, UpstreamFailure } from "./failure.ts";
+import { post, statusFailure } from "./wire.ts";
 
 /**
  * The chat engine of a model whose `backend` is `openai`.
@@ -43,49 +44,63 @@ export class UpstreamChatEngine implements ChatEngine {
   }
 
   async *generate(job: ChatJob, signal: AbortSignal): AsyncGenerator<ChatEvent> {
-    if (job.rawPrompt || job.promptLogprobs) throw unsupported(this.pool.model, "/v1/completions");
+    // Legacy completions are relayed whole (see `completions.ts`): a raw token prompt cannot be sent.
+    if (job.rawPrompt || job.promptLogprobs) throw unsupported(this.pool.model, "a raw token prompt");
     const model = this.pool.model;
     const routing = this.pool.routing;
     const body = upstreamRequest(job);
     const affinity = affinityKey(affinityText(job, routing.affinityPrefixChars), routing.affinityPrefixChars);
     const opts = { signal, affinity, requestId: job.requestId };
+    let startedAt: number | undefined;
+    /** Sends the request and reads the answer's first event (its failures are the attempt's). */
     const open = async (u: Upstream, sig: AbortSignal) => {
+      startedAt ??= performance.now();
       const ex = await post(u, "/chat/completions", { ...body, model: u.model }, {
         signal: sig,
         routing,
         model,
         requestId: job.requestId,
       });
-      const data = sseData(ex.res.body!);
-      let first: IteratorResult<string>;
+      const data = ex.events();
+      const reader = new ChunkReader(u, model);
       try {
-        first = await data.next();
+        const first = await data.next();
+        if (first.done) throw UpstreamFailure.broken("the answer was an empty stream");
+        const done = first.value.trim() === "[DONE]";
+        // An error event first is the request's answer (retried or refused like a status).
+        const events = done ? [] : [...reader.events(first.value)];
+        return { data, reader, events, done, upstream: u };
       } catch (e) {
         await data.return(undefined).catch(() => {});
-        throw ex.failure(e);
+        throw e;
       }
-      ex.settle();
-      if (first.done) throw UpstreamFailure.broken("the answer was an empty stream");
-      return { data, first, failure: ex.failure, upstream: u };
     };
+    const prompt = (reader: ChunkReader): ChatEvent => ({
+      type: "prompt",
+      promptTokens: 0,
+      cachedTokens: 0,
+      ...(reader.fingerprint ? { systemFingerprint: reader.fingerprint } : {}),
+      ...(startedAt !== undefined ? { startedAt } : {}),
+    });
 
     if (job.streamed === false) {
       // Nothing reaches the client before the end: a failure anywhere is retried like one before the first byte.
       let events: ChatEvent[];
+      let reader: ChunkReader;
       let lease;
       try {
-        ({ value: events, lease } = await this.pool.dispatch(opts, async (u, sig, firstByte) => {
+        ({ value: { events, reader }, lease } = await this.pool.dispatch(opts, async (u, sig, firstByte) => {
           const s = await open(u, sig);
           firstByte();
-          return await readAll(s.first, s.data, new ChunkReader(u, model)).catch((e) => {
-            throw s.failure(e);
-          });
+          if (!s.done) s.events.push(...await readAll(s.data, s.reader));
+          else s.events.push(...s.reader.finish());
+          return s;
         }));
       } catch (e) {
         throw this.#clientError(e, signal);
       }
       lease.end("ok");
-      yield { type: "prompt", promptTokens: 0, cachedTokens: 0 };
+      yield prompt(reader);
       // The first token came long before this moment: no time-to-first-token observation rather than a
       // wrong one (vserve_upstream_first_byte_seconds has it).
       yield* events.filter((e) => e.type !== "first_token");
@@ -101,19 +116,17 @@ export class UpstreamChatEngine implements ChatEngine {
     }
     let outcome: Outcome = "cancelled";
     let reason: string | undefined;
-    const reader = new ChunkReader(stream.upstream, model);
+    const { reader, data } = stream;
     try {
-      yield { type: "prompt", promptTokens: 0, cachedTokens: 0 };
-      let done = false;
-      const next = () => stream.data.next().catch((e) => Promise.reject(stream.failure(e)));
-      for (let r: IteratorResult<string> = stream.first; !r.done; r = await next()) {
-        if (r.value.trim() === "[DONE]") {
-          done = true;
-          break;
-        }
-        yield* reader.events(r.value);
+      yield prompt(reader);
+      yield* stream.events;
+      let done = stream.done;
+      while (!done) {
+        const r = await data.next();
+        if (r.done) throw UpstreamFailure.broken("the stream ended without [DONE]");
+        done = r.value.trim() === "[DONE]";
+        if (!done) yield* reader.events(r.value);
       }
-      if (!done) throw UpstreamFailure.broken("the stream ended without [DONE]");
       yield* reader.finish();
       outcome = "ok";
     } catch (e) {
@@ -130,7 +143,7 @@ export class UpstreamChatEngine implements ChatEngine {
       });
       throw f.toApiError(model);
     } finally {
-      await stream.data.return(undefined).catch(() => {});
+      await data.return(undefined).catch(() => {});
       lease.end(outcome, reason);
     }
   }
@@ -150,8 +163,8 @@ export class UpstreamChatEngine implements ChatEngine {
     throw unsupported(this.pool.model, "/detokenize");
   }
 
-  renderPrompt(): string {
-    throw unsupported(this.pool.model, "/tokenize");
+  prompt(): Promise<{ text: string; tokens: number[] }> {
+    return Promise.reject(unsupported(this.pool.model, "/tokenize"));
   }
 
   tokenText(): { token: string; bytes: number[] } {
@@ -173,15 +186,11 @@ export function unsupported(model: string, what: string): ApiError {
   );
 }
 
-/** Reads every event up to `[DONE]` (for a request whose client waits for the whole answer). */
-async function readAll(
-  first: IteratorResult<string>,
-  data: AsyncGenerator<string>,
-  reader: ChunkReader,
-): Promise<ChatEvent[]> {
+/** Reads the rest of a stream up to `[DONE]` (for a request whose client waits for the whole answer). */
+async function readAll(data: AsyncGenerator<string>, reader: ChunkReader): Promise<ChatEvent[]> {
   const out: ChatEvent[] = [];
   try {
-    for (let r = first; !r.done; r = await data.next()) {
+    for (let r = await data.next(); !r.done; r = await data.next()) {
       if (r.value.trim() === "[DONE]") {
         out.push(...reader.finish());
         return out;
@@ -216,6 +225,8 @@ interface WireChunk {
     };
     logprobs?: { content?: WireLogprob[] | null } | null;
     finish_reason?: string | null;
+    /** vLLM: the stop string (or token id) that ended the choice. */
+    stop_reason?: string | number | null;
   }[];
   usage?: {
     prompt_tokens?: number;
@@ -223,6 +234,7 @@ interface WireChunk {
     prompt_tokens_details?: { cached_tokens?: number } | null;
     completion_tokens_details?: { reasoning_tokens?: number } | null;
   } | null;
+  system_fingerprint?: string | null;
   error?: unknown;
   object?: string;
   message?: string;
@@ -236,6 +248,8 @@ class ChunkReader {
   #first = false;
   readonly #calls = new Set<string>();
   #usage: WireChunk["usage"];
+  /** The first `system_fingerprint` the upstream sent. */
+  fingerprint?: string;
 
   constructor(readonly upstream: Upstream, readonly model: string) {}
 
@@ -250,6 +264,9 @@ class ChunkReader {
       const e = (typeof chunk.error === "object" && chunk.error) ? chunk.error as { code?: unknown } : chunk;
       const status = typeof e.code === "number" && e.code >= 400 && e.code < 600 ? e.code : 500;
       throw statusFailure(status, data, undefined, this.upstream, this.model);
+    }
+    if (this.fingerprint === undefined && typeof chunk.system_fingerprint === "string") {
+      this.fingerprint = chunk.system_fingerprint.slice(0, 256);
     }
     for (const c of chunk.choices ?? []) {
       const choice = c.index ?? 0;
@@ -288,6 +305,9 @@ class ChunkReader {
           finishReason: finishReason(c.finish_reason),
           completionTokens: 0,
           reasoningTokens: 0,
+          ...(c.finish_reason === "stop" && typeof c.stop_reason === "string"
+            ? { stopSequence: c.stop_reason }
+            : {}),
         };
       }
     }

@@ -31,7 +31,16 @@ export const RoutingSchema = z.object({
   connectTimeoutMs: z.number().int().min(1).default(2_000),
   /** Time to the first byte of the answer (the first stream event; a whole embeddings body). */
   firstByteTimeoutMs: z.number().int().min(1).default(60_000),
-  /** Active health checks: every this often (0 = none; ejected upstreams are still probed). */
+  /**
+   * A stream that has started and then sends no event for this long (time spent waiting for the
+   * upstream, not for a slow client) is given up: the request is aborted and counted as failed, the
+   * client gets an error event and `[DONE]` (0 = no limit).
+   */
+  streamIdleTimeoutMs: z.number().int().min(0).default(60_000),
+  /**
+   * Active health checks: every this often, ejected upstreams included (0 = none; an ejected upstream
+   * is then probed at the end of its back-off only).
+   */
   healthIntervalMs: z.number().int().min(0).default(5_000),
   healthTimeoutMs: z.number().int().min(1).default(2_000),
   /** Consecutive failed requests after which an upstream is ejected. */

@@ -8,7 +8,8 @@ import type { EmbeddingEngine, UpstreamStatus } from "../engines/types.ts";
 import { base64ToFloat32 } from "../services/vectors.ts";
 import { unsupported } from "./chat.ts";
 import type { UpstreamPool } from "./pool.ts";
-import { post, UpstreamFailure } from "./wire.ts";
+import { UpstreamFailure } from "./failure.ts";
+import { post } from "./wire.ts";
 
 interface WireEmbeddings {
   data?: { index?: number; embedding?: number[] | string }[];

@@ -1,14 +1,15 @@
 /**
- * The upstream servers of one model: their health (active checks, passive ejection with back-off),
- * the choice of an upstream per request (least outstanding requests, prefix affinity by rendezvous
- * hashing with a load cap), and one request's attempts (retry on another upstream before the
- * first byte). Knows HTTP only as far as health checks go; the wire format is in `wire.ts`.
+ * The upstream servers of one model: their health (active checks, passive ejection with back-off,
+ * readmission on trial), the choice of an upstream per request (least outstanding requests, prefix
+ * affinity by rendezvous hashing with a load cap), and one request's attempts (retry on another
+ * upstream before the first byte). Knows HTTP only as far as health checks go; the wire format is
+ * in `wire.ts`.
  */
 import type { Logger } from "../log.ts";
 import { Counter, Histogram } from "../metrics.ts";
 import type { UpstreamStatus } from "../engines/types.ts";
 import type { Routing, UpstreamSpec } from "./config.ts";
-import { UpstreamFailure } from "./wire.ts";
+import { type Outcome, UpstreamFailure } from "./failure.ts";
 
 /** One upstream server and what the pool knows about it. */
 export class Upstream {
@@ -25,6 +26,21 @@ export class Upstream {
   /** Ejections in a row: the back-off doubles with each. */
   ejections = 0;
   ejectedUntil = 0;
+  /**
+   * Readmitted after an ejection and not yet proven: it takes one request at a time (while another
+   * upstream can take the rest) until one succeeds; a failure ejects it again at once.
+   */
+  trial = false;
+  /** What readmitted it (a passing health check, or the probe at the end of its back-off). */
+  readmittedBy?: "health" | "probe";
+  /**
+   * Whether a passing health check may end an ejection early. False once a trial that a health
+   * check granted failed (its checks pass while its requests fail), true again once a check fails
+   * (it went down: its next passing check means it came back) or a request succeeds.
+   */
+  healthVouches = true;
+  /** Counts ejections (never reset): a health check that began before one ignores its result. */
+  epoch = 0;
   /** When it was last picked (a sequence number): ties go to the least recently used. */
   lastPick = 0;
   /** Hash of the name, for rendezvous hashing. */
@@ -61,18 +77,6 @@ export class Upstream {
     };
   }
 }
-
-/** How a request to an upstream ended, for metrics (`outcome` label) and health. */
-export type Outcome =
-  | "ok"
-  /** The upstream refused the request itself (4xx): not the upstream's fault. */
-  | "rejected"
-  /** 429 from the upstream: busy, not broken. */
-  | "busy"
-  /** The client went away or the time limit passed. */
-  | "cancelled"
-  /** Connection refused or reset, connect timeout, 5xx, broken stream: counts towards ejection. */
-  | "failed";
 
 /** One request's hold on an upstream: ends once, with its outcome. */
 export interface Lease {
@@ -161,9 +165,9 @@ export class UpstreamPool {
     this.#probes.clear();
   }
 
-  /** One health check of every upstream that is not ejected (ejected ones wait for their probe). */
+  /** One health check of every upstream (a passing one can readmit an ejected upstream on trial). */
   async checkAll(): Promise<void> {
-    await Promise.all(this.upstreams.filter((u) => u.state !== "ejected").map((u) => this.#check(u)));
+    await Promise.all(this.upstreams.map((u) => this.#check(u)));
   }
 
   /** Each upstream's state, in configuration order. */
@@ -189,7 +193,10 @@ export class UpstreamPool {
   }
 
   #choose(affinity?: number, exclude?: ReadonlySet<Upstream>): Upstream | undefined {
-    const candidates = this.upstreams.filter((u) => u.routable && !exclude?.has(u));
+    const open = this.upstreams.filter((u) => u.routable && !exclude?.has(u));
+    // An upstream on trial holds one request at a time, unless nothing else can take this one.
+    const proven = open.filter((u) => !u.trial || u.outstanding === 0);
+    const candidates = proven.length > 0 ? proven : open;
     if (candidates.length === 0) return undefined;
     let chosen: Upstream | undefined;
     if (affinity !== undefined && candidates.length > 1) {
@@ -285,16 +292,48 @@ export class UpstreamPool {
   #succeeded(u: Upstream): void {
     u.failures = 0;
     u.ejections = 0;
+    u.healthVouches = true;
+    if (u.trial && u.state !== "ejected") {
+      u.trial = false;
+      this.#log.info("upstream passed its trial", { model: this.model, upstream: u.name, url: u.base });
+    }
     if (u.state === "unknown") u.state = "healthy";
   }
 
   #failed(u: Upstream, reason: string, requestId?: string): void {
     u.failures++;
-    if (u.state !== "ejected" && u.failures >= this.routing.failures) this.#eject(u, reason, requestId);
+    if (u.state === "ejected") return;
+    if (u.trial) {
+      // Its health check passes while its requests fail: only its back-off brings it back now.
+      if (u.readmittedBy === "health") u.healthVouches = false;
+      this.#eject(u, `its trial request failed: ${reason}`, requestId);
+    } else if (u.failures >= this.routing.failures) this.#eject(u, reason, requestId);
+  }
+
+  /** Back in rotation on trial: the next request decides. */
+  #readmit(u: Upstream, by: "health" | "probe"): void {
+    clearTimeout(this.#probes.get(u));
+    this.#probes.delete(u);
+    u.state = "healthy";
+    u.trial = true;
+    u.readmittedBy = by;
+    u.failures = 0;
+    this.#log.info(
+      by === "health"
+        ? "upstream readmitted on trial by its health check"
+        : "upstream back after its probe, on trial",
+      {
+        model: this.model,
+        upstream: u.name,
+        url: u.base,
+      },
+    );
   }
 
   #eject(u: Upstream, reason: string, requestId?: string): void {
     u.ejections++;
+    u.epoch++;
+    u.trial = false;
     const backOff = Math.min(this.routing.ejectMs * 2 ** (u.ejections - 1), this.routing.maxEjectMs);
     u.state = "ejected";
     u.ejectedUntil = this.#now() + backOff;
@@ -310,22 +349,28 @@ export class UpstreamPool {
     });
     clearTimeout(this.#probes.get(u));
     if (this.#disposed) return;
+    const epoch = u.epoch;
     const timer = setTimeout(async () => {
       this.#probes.delete(u);
       if (this.#disposed) return;
-      if (await this.#probe(u)) {
-        u.state = "healthy";
-        u.failures = 0;
-        this.#log.info("upstream back after its probe", { model: this.model, upstream: u.name, url: u.base });
-      } else this.#eject(u, "its probe after the back-off failed");
+      const ok = await this.#probe(u);
+      if (this.#disposed || u.epoch !== epoch || u.state !== "ejected") return; // readmitted meanwhile
+      if (ok) this.#readmit(u, "probe");
+      else this.#eject(u, "its probe after the back-off failed");
     }, backOff);
     Deno.unrefTimer(timer);
     this.#probes.set(u, timer);
   }
 
   async #check(u: Upstream): Promise<void> {
+    const epoch = u.epoch;
     const ok = await this.#probe(u);
-    if (u.state === "ejected") return; // ejected meanwhile: its own probe decides
+    if (this.#disposed || u.epoch !== epoch) return; // ejected meanwhile: the next check decides
+    if (!ok) u.healthVouches = true;
+    if (u.state === "ejected") {
+      if (ok && u.healthVouches) this.#readmit(u, "health");
+      return;
+    }
     const next = ok ? "healthy" : "unhealthy";
     if (next !== u.state && u.state !== "unknown") {
       const log = ok ? this.#log.info : this.#log.warn;
@@ -341,8 +386,10 @@ export class UpstreamPool {
         url: u.healthUrl,
       });
     }
+    // Back after an outage: request failures from before it are stale. (A passing check does not
+    // otherwise reset them: they count requests that failed in a row, whatever its checks say.)
+    if (ok && u.state === "unhealthy") u.failures = 0;
     u.state = next;
-    if (ok) u.failures = 0;
   }
 
   /**

@@ -5,65 +5,8 @@
  */
 import { ApiError } from "../http/errors.ts";
 import type { Routing } from "./config.ts";
-import type { Outcome, Upstream } from "./pool.ts";
-
-/**
- * A failed exchange with an upstream: what the log says (`message`, which may name the upstream),
- * whether another upstream may be tried, and what the client is told (never naming it).
- */
-export class UpstreamFailure extends Error {
-  override name = "UpstreamFailure";
-  constructor(
-    message: string,
-    readonly outcome: Outcome,
-    readonly retryable: boolean,
-    /** The error the client receives, without the model id (filled in by `toApiError`). */
-    readonly client: (model: string) => ApiError,
-  ) {
-    super(message);
-  }
-
-  /** The client's error for model `model`. */
-  toApiError(model: string): ApiError {
-    return this.client(model);
-  }
-
-  /** No upstream of the model can take requests now. */
-  static noUpstream(model: string): UpstreamFailure {
-    return new UpstreamFailure(`no upstream of '${model}' is routable`, "failed", false, (m) =>
-      new ApiError(
-        503,
-        "service_unavailable_error",
-        `No engine serving '${m}' is available right now; retry shortly.`,
-        "model",
-        "no_upstream_available",
-        { "retry-after": "5" },
-      ));
-  }
-
-  /** A broken connection or stream, or a 5xx: 502, retryable. */
-  static broken(message: string, retryable = true): UpstreamFailure {
-    return new UpstreamFailure(message, "failed", retryable, badGateway);
-  }
-}
-
-const badGateway = (model: string) =>
-  new ApiError(
-    502,
-    "server_error",
-    `The engine serving '${model}' failed to answer; retry shortly.`,
-    null,
-    "upstream_error",
-  );
-
-const gatewayTimeout = (model: string) =>
-  new ApiError(
-    504,
-    "timeout_error",
-    `The engine serving '${model}' did not answer in time; retry shortly.`,
-    null,
-    "upstream_timeout",
-  );
+import { UpstreamFailure } from "./failure.ts";
+import type { Upstream } from "./pool.ts";
 
 /** A request sent and its response headers received; the body is still to be read. */
 export interface Exchange {
@@ -72,6 +15,13 @@ export interface Exchange {
   settle(): void;
   /** The failure for an error thrown while reading the body (a timeout, a broken connection). */
   failure(e: unknown): unknown;
+  /**
+   * The `data:` payloads of an event-stream answer, in order: the first under the first-byte limit,
+   * each later one within `streamIdleTimeoutMs` of waiting for the upstream (else the request is
+   * aborted and a timeout failure thrown). Errors come as failures; returning early closes the
+   * connection.
+   */
+  events(): AsyncGenerator<string>;
 }
 
 /**
@@ -79,13 +29,14 @@ export interface Exchange {
  * connection that cannot be made (refused, or no TCP connection within `connectTimeoutMs`), no
  * answer within `firstByteTimeoutMs`, or a non-2xx answer; the client's own abort is rethrown as is.
  * The first-byte limit runs on while the caller reads the first byte of the body: it calls
- * `settle()` then.
+ * `settle()` then (`events()` does so itself, and keeps the idle limit of a stream).
  *
  * @example
  * ```ts
  * const ex = await post(u, "/embeddings", { model: u.model, input }, { signal, routing, model: "m" });
  * const json = await ex.res.json().catch((e) => { throw ex.failure(e); });
  * ex.settle();
+ * for await (const data of (await post(u, "/chat/completions", chat, { signal, routing, model: "m" })).events()) {}
  * ```
  */
 export async function post(
@@ -100,12 +51,7 @@ export async function post(
   let answered = false;
   const firstByte = setTimeout(() =>
     limit.abort(
-      new UpstreamFailure(
-        `no answer within ${routing.firstByteTimeoutMs} ms (first-byte timeout)`,
-        "failed",
-        true,
-        gatewayTimeout,
-      ),
+      UpstreamFailure.timeout(`no answer within ${routing.firstByteTimeoutMs} ms (first-byte timeout)`),
     ), routing.firstByteTimeoutMs);
   // fetch has no connect timeout: when no answer came in time, check that a connection can be made.
   const connect = setTimeout(async () => {
@@ -149,7 +95,36 @@ export async function post(
     settle();
     throw statusFailure(res.status, text, res.headers, u, opts.model);
   }
-  return { res, settle, failure };
+  const idleMs = routing.streamIdleTimeoutMs;
+  const idle = idleMs > 0
+    ? {
+      ms: idleMs,
+      expired: () =>
+        limit.abort(
+          UpstreamFailure.timeout(`no stream event for ${idleMs} ms mid-answer (stream idle timeout)`),
+        ),
+    }
+    : undefined;
+  async function* events(): AsyncGenerator<string> {
+    const data = sseData(res.body!, idle);
+    try {
+      for (let first = true;; first = false) {
+        let r: IteratorResult<string>;
+        try {
+          r = await data.next();
+        } catch (e) {
+          throw failure(e);
+        }
+        if (first) settle();
+        if (r.done) return;
+        yield r.value;
+      }
+    } finally {
+      settle();
+      await data.return(undefined).catch(() => {});
+    }
+  }
+  return { res, settle, failure, events };
 }
 
 /** At most `max` bytes of a body as text (an error body is only for the log and the message). */
@@ -262,10 +237,10 @@ export function statusFailure(
         null,
         "upstream_busy",
         { "retry-after": after && /^\d{1,4}$/.test(after) ? after : "1" },
-      ));
+      ), status);
   }
   if (status >= 500 || [401, 403, 404, 405, 408].includes(status) || status < 400) {
-    return UpstreamFailure.broken(detail);
+    return UpstreamFailure.broken(detail, true, status);
   }
   const message = f.message
     ? clip(f.message.split(u.model).join(model), 1000)
@@ -281,22 +256,39 @@ export function statusFailure(
       message,
       f.param ?? null,
       code,
-    ));
+    ), status);
 }
 
 /**
  * The `data:` payloads of a server-sent event stream, in order; comments and other fields are
  * skipped. Returning early (or an abort) cancels the body, which closes the upstream connection.
+ * With `idle`, once the first payload is out, `idle.expired` is called when the reads since the
+ * last payload have waited `idle.ms` in all (time the consumer holds a payload does not count: a
+ * slow client is not a stalled upstream); it should abort the request, which ends the read.
  */
-export async function* sseData(body: ReadableStream<Uint8Array>): AsyncGenerator<string> {
+export async function* sseData(
+  body: ReadableStream<Uint8Array>,
+  idle?: { ms: number; expired: () => void },
+): AsyncGenerator<string> {
   // Decoded here rather than through a TextDecoderStream: that stage's two streams cost more per
   // relayed token than the rest of the reading.
   const reader = body.getReader();
   const decoder = new TextDecoder();
   let buf = "";
+  let waited = 0;
+  let started = false;
   try {
     while (true) {
-      const { value, done } = await reader.read();
+      const timer = idle && started ? setTimeout(idle.expired, Math.max(0, idle.ms - waited)) : undefined;
+      const before = performance.now();
+      let read: ReadableStreamReadResult<Uint8Array>;
+      try {
+        read = await reader.read();
+      } finally {
+        clearTimeout(timer);
+      }
+      waited += performance.now() - before;
+      const { value, done } = read;
       if (done) return;
       // CRLF and CR line ends as LF; a CR at the end may be half of a CRLF split across reads.
       buf = buf + decoder.decode(value, { stream: true });
@@ -307,7 +299,10 @@ export async function* sseData(body: ReadableStream<Uint8Array>): AsyncGenerator
         buf = buf.slice(end + 2);
         const data = event.split("\n").filter((l) => l.startsWith("data:"))
           .map((l) => l.slice(l.startsWith("data: ") ? 6 : 5)).join("\n");
-        if (data !== "") yield data;
+        if (data === "") continue;
+        started = true;
+        waited = 0;
+        yield data;
       }
       if (buf.length > MAX_EVENT) throw UpstreamFailure.broken(`a stream event over ${MAX_EVENT} characters`);
     }

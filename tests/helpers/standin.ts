@@ -2,18 +2,22 @@
  * A small OpenAI-compatible stand-in upstream on a loopback port, for gateway tests. What it does
  * is chosen per request by the `model` the gateway sends (the registry's upstream `model` field):
  *
- * - `ok` (or anything else): a short stream "Hello", " world", usage, `[DONE]`; embeddings of 64
- *   unnormalised dimensions that ignore `dimensions` and `encoding_format` (as llama-server does);
+ * - `ok` (or anything else): a short stream "Hello", " world", usage, `[DONE]`, every chunk with
+ *   `system_fingerprint` "fp_standin"; embeddings of 64 unnormalised dimensions that ignore
+ *   `dimensions` and `encoding_format` (as llama-server does); 404 on other paths (no legacy
+ *   `/v1/completions`);
  * - `think`: reasoning under vLLM's newer name `reasoning`, then content;
- * - `delay`: `ok` after 300 ms (for load-spreading tests);
+ * - `delay`: `ok` after 300 ms (for load-spreading tests; `heldMs` records the wait as measured here);
  * - `fail500`, `busy` (429), `vllm400`, `tei413`, `fastapi422`, `text400`: error bodies in the shapes
  *   upstreams write them;
  * - `hang`: never answers (until the request is aborted);
  * - `cut`: two chunks, then the connection breaks;
- * - `slow`: a content chunk every 50 ms for 10 s; `slowish`: the same for 1 s.
+ * - `slow`: a content chunk every 50 ms for 10 s; `slowish`: the same for 1 s;
+ * - `stall`: two chunks, then nothing (the connection stays open until the request is aborted).
  *
- * `GET /health` answers 200 while `healthy` is true, else 503. Every request is recorded, with
- * whether its connection was aborted.
+ * `GET /health` answers 200 while `healthy` is true, else 503 (`healthChecks` counts them). While
+ * `failing` is true every POST answers 500 (its health check still passes). Every request is
+ * recorded, with whether its connection was aborted.
  */
 import type { Json } from "./server.ts";
 
@@ -24,6 +28,8 @@ export interface Seen {
   body: Json;
   headers: Headers;
   aborted: boolean;
+  /** `delay`: how long the answer was held back. */
+  heldMs?: number;
 }
 
 /** A running stand-in. */
@@ -32,6 +38,10 @@ export interface StandIn {
   port: number;
   requests: Seen[];
   healthy: boolean;
+  /** Health checks answered so far. */
+  healthChecks: number;
+  /** Every POST answers 500 while its health check passes. */
+  failing: boolean;
   /** Stops listening (connections refused) until `restart`. */
   stop(): Promise<void>;
   /** Listens again on the same port. */
@@ -50,6 +60,7 @@ const chunk = (delta: Record<string, unknown>, finish: string | null = null) => 
   object: "chat.completion.chunk",
   created: 1,
   model: "standin-internal",
+  system_fingerprint: "fp_standin",
   choices: [{ index: 0, delta, finish_reason: finish }],
 });
 const usage = {
@@ -113,6 +124,8 @@ export function startStandIn(port = 0): StandIn {
     port: 0,
     requests: [],
     healthy: true,
+    healthChecks: 0,
+    failing: false,
     stop: async () => {
       await server.shutdown();
     },
@@ -124,6 +137,7 @@ export function startStandIn(port = 0): StandIn {
   const handle = async (req: Request): Promise<Response> => {
     const path = new URL(req.url).pathname;
     if (req.method === "GET" && path === "/health") {
+      state.healthChecks++;
       return json({ status: state.healthy ? "ok" : "unhealthy" }, state.healthy ? 200 : 503);
     }
     const body = req.method === "POST" ? await req.json() : {};
@@ -131,12 +145,17 @@ export function startStandIn(port = 0): StandIn {
     state.requests.push(seen);
     req.signal.addEventListener("abort", () => (seen.aborted = true));
     const mode = String(body.model ?? "ok");
+    if (state.failing) return ERRORS.fail500();
     if (ERRORS[mode]) return ERRORS[mode]();
     if (mode === "hang") {
       await new Promise((r) => req.signal.addEventListener("abort", r));
       return json({}, 500);
     }
-    if (mode === "delay") await new Promise((r) => setTimeout(r, 300));
+    if (mode === "delay") {
+      const held = performance.now();
+      await new Promise((r) => setTimeout(r, 300));
+      seen.heldMs = performance.now() - held;
+    }
     if (path === "/v1/embeddings") {
       const inputs = Array.isArray(body.input) && typeof body.input[0] !== "number"
         ? body.input
@@ -176,6 +195,7 @@ export function startStandIn(port = 0): StandIn {
           setTimeout(() => c.error(new Error("the upstream process died")), 50);
           return;
         }
+        if (mode === "stall") return;
         c.enqueue(sse(chunk({ content: " world" })));
         c.enqueue(sse(chunk({}, "stop")));
         c.enqueue(sse(usage));

@@ -15,8 +15,9 @@ import type {
 import { EngineInputError } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { LlamaLibrary } from "./ffi.ts";
-import { Batch, type FlashAttention, NativeContext, NativeModel } from "./native.ts";
+import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeModel } from "./native.ts";
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
+import { PromptCache } from "./prompt_cache.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
 import {
@@ -27,18 +28,21 @@ import {
   LruCache,
   textWithout,
 } from "../../grammar/mod.ts";
-import { Slicer } from "../../event_loop.ts";
 import { ChatTemplate, type ThinkingFacts } from "./template.ts";
 import { dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.ts";
 import { OutputParser, type OutputPiece } from "./output_parser.ts";
 import { StopMatcher } from "./stop_strings.ts";
 import { EventQueue } from "./event_queue.ts";
+import { Slicer } from "../../event_loop.ts";
+import type { ComputeClient } from "../compute_share.ts";
 
 /** How to load a GGUF chat model. */
 export interface LlamaChatOptions {
   modelPath: string;
   /** Layers on the GPU; -1 = all. */
   gpuLayers: number;
+  /** Tensor overrides and multi-GPU split (llama.cpp model parameters). */
+  placement?: ModelPlacement;
   threads: number;
   /** Sequences decoded together (requests × choices). */
   parallel: number;
@@ -50,8 +54,15 @@ export interface LlamaChatOptions {
   batchSequences?: "auto" | "off";
   /** llama.cpp's flash attention (default `auto`). */
   flashAttention?: FlashAttention;
+  /** The model's turn on the machine's compute (see compute_share.ts). */
+  compute?: ComputeClient;
+  /** Host memory for saved prompt states, MiB (default {@link DEFAULT_PROMPT_CACHE_MIB}; 0 = none). */
+  promptCacheMiB?: number;
   log: Logger;
 }
+
+/** The prompt cache's default size, MiB (llama-server's `--cache-ram` default). */
+export const DEFAULT_PROMPT_CACHE_MIB = 8192;
 
 /** Most tool calls one turn may hold (bounds the grammar's repetition). */
 const MAX_PARALLEL_CALLS = 8;
@@ -80,11 +91,16 @@ export class LlamaChatEngine implements ChatEngine {
    * check found a difference).
    */
   readonly batching: string;
+  /** Host memory the prompt cache may take, MiB (0: none). */
+  readonly promptCacheMiB: number;
   readonly #model: NativeModel;
   readonly #ctx: NativeContext;
   readonly #batch: Batch;
   readonly #scheduler: Scheduler;
+  readonly #promptCache: PromptCache;
   readonly #template: ChatTemplate;
+  /** Bytes of the vocabulary's longest token (for a lower bound of a text's tokens). */
+  readonly #longestToken: number;
   readonly #log: Logger;
   /** Tokens of the text that opens a tool call (a single token makes the lazy grammar cheap). */
   readonly #openTokens: number[];
@@ -98,6 +114,7 @@ export class LlamaChatEngine implements ChatEngine {
     ctx: NativeContext,
     batch: Batch,
     template: ChatTemplate,
+    longestToken: number,
     opts: LlamaChatOptions,
     batching: string,
   ) {
@@ -105,13 +122,17 @@ export class LlamaChatEngine implements ChatEngine {
     this.#ctx = ctx;
     this.#batch = batch;
     this.#template = template;
+    this.#longestToken = longestToken;
     this.#log = opts.log;
     this.batching = batching;
+    this.promptCacheMiB = opts.promptCacheMiB ?? DEFAULT_PROMPT_CACHE_MIB;
+    this.#promptCache = new PromptCache(this.promptCacheMiB * 1024 * 1024, model.recurrent);
     this.#scheduler = new Scheduler(model, ctx, batch, {
       chunk: CHUNK,
       maxCheckpoints: 4,
       checkpointSpacing: 256,
       oneSequencePerDecode: batching === "per sequence",
+      promptCache: this.#promptCache,
     });
     this.contextSize = ctx.nCtxSeq;
     this.maxChoices = ctx.nSeqMax;
@@ -131,13 +152,18 @@ export class LlamaChatEngine implements ChatEngine {
    * ```
    */
   static async load(lib: LlamaLibrary, opts: LlamaChatOptions): Promise<LlamaChatEngine> {
-    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers);
+    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers, opts.placement);
     try {
       const source = model.chatTemplate();
       if (!source) throw new Error(`'${opts.modelPath}' has no chat template (tokenizer.chat_template)`);
-      const template = new ChatTemplate(source, {
-        bos: model.bos >= 0 ? model.detokenize([model.bos]) : "",
-        eos: model.eos >= 0 ? model.detokenize([model.eos]) : "",
+      const vocabulary = await model.scanVocabulary();
+      const template = new ChatTemplate({
+        source,
+        specials: {
+          bos: model.bos >= 0 ? model.detokenize([model.bos]) : "",
+          eos: model.eos >= 0 ? model.detokenize([model.eos]) : "",
+        },
+        markup: vocabulary.markup,
       });
       const parallel = Math.max(1, opts.parallel);
       const ctx = await NativeContext.create(model, {
@@ -149,6 +175,7 @@ export class LlamaChatEngine implements ChatEngine {
         flashAttention: opts.flashAttention,
         embeddings: false,
         kvUnified: false,
+        compute: opts.compute,
       });
       const batch = new Batch(lib, CHUNK + parallel);
       // One sequence has nothing to batch with.
@@ -165,7 +192,7 @@ export class LlamaChatEngine implements ChatEngine {
           );
         }
       }
-      return new LlamaChatEngine(model, ctx, batch, template, opts, batching);
+      return new LlamaChatEngine(model, ctx, batch, template, vocabulary.longestToken, opts, batching);
     } catch (e) {
       model.free();
       throw e;
@@ -179,9 +206,21 @@ export class LlamaChatEngine implements ChatEngine {
 
   counters(): Record<string, number> {
     const s = this.#scheduler.stats;
+    const c = this.#promptCache.stats;
     return {
       prompt_tokens_evaluated: s.promptTokensEvaluated,
       prompt_tokens_reused: s.promptTokensReused,
+      prompt_tokens_copied: s.promptTokensCopied,
+      prefix_copies: s.prefixCopies,
+      prefix_waits: s.prefixWaits,
+      prompt_cache_hits: c.hits,
+      prompt_cache_tokens_restored: c.tokensRestored,
+      prompt_cache_saves: c.saves,
+      prompt_cache_evictions: c.evictions,
+      prompt_cache_seconds: s.promptCacheMs / 1000,
+      // (gauges: read as they are)
+      prompt_cache_bytes: c.bytes,
+      prompt_cache_entries: c.entries,
       tokens_generated: s.tokensGenerated,
       decodes: s.decodes,
       batched_tokens: s.batchedTokens,
@@ -193,13 +232,41 @@ export class LlamaChatEngine implements ChatEngine {
     };
   }
 
-  /** The prompt text for a job. */
-  renderPrompt(job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">): string {
-    return this.#template.render(
-      job.messages,
-      job.toolChoice === "none" ? [] : job.tools,
-      job.enableThinking,
-    );
+  /**
+   * A job's prompt: the chat template's text, and its tokens, in which only the template's own
+   * markup is special tokens: every client string is tokenized as text (see `markup.ts`).
+   * Large histories render on a worker thread, and long texts are tokenized off the event loop or
+   * between its turns. `limit`: stop early once the prompt has more tokens (`complete` false).
+   */
+  async prompt(
+    job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">,
+    signal?: AbortSignal,
+    limit = Infinity,
+  ): Promise<{ text: string; tokens: number[]; complete: boolean }> {
+    const rendered = await this.#template.renderAsync({
+      messages: job.messages,
+      tools: job.toolChoice === "none" ? [] : job.tools,
+      thinking: job.enableThinking,
+    }, signal);
+    const model = this.#model;
+    const tokens: number[] = [];
+    if (model.addBos && model.bos >= 0 && !rendered.text.startsWith(model.detokenize([model.bos]))) {
+      tokens.push(model.bos);
+    }
+    const slices = new Slicer(10, signal);
+    for (const piece of rendered.pieces) {
+      if (tokens.length > limit) return { text: rendered.text, tokens, complete: false };
+      if (slices.due) await slices.pause();
+      if (typeof piece === "number") tokens.push(piece);
+      else {
+        // About 2-4 ms of llama.cpp's time per 8 KB: longer texts go to a thread of their own.
+        const ids = piece.length > 8192
+          ? await model.tokenizeAsync(piece, false)
+          : model.tokenize(piece, false);
+        for (const id of ids) tokens.push(id);
+      }
+    }
+    return { text: rendered.text, tokens, complete: true };
   }
 
   detokenize(tokens: readonly number[]): string {
@@ -210,11 +277,17 @@ export class LlamaChatEngine implements ChatEngine {
     return this.tokenInfo(token);
   }
 
-  /** Prompt tokens of a rendered prompt. */
+  /**
+   * Tokens of a text: with `special`, special-token strings become their tokens (a raw prompt in the
+   * client's own template); without, all of it is plain text.
+   */
   tokenize(text: string, special = true): number[] {
     const addBos = this.#model.addBos && this.#model.bos >= 0 &&
       !text.startsWith(this.#model.detokenize([this.#model.bos]));
-    return [...(addBos ? [this.#model.bos] : []), ...this.#model.tokenize(text, special)];
+    const ids = special
+      ? this.#model.tokenize(text, true)
+      : this.#template.markup.fragments(text).flatMap((f) => this.#model.tokenize(f, false));
+    return [...(addBos ? [this.#model.bos] : []), ...ids];
   }
 
   async *generate(job: ChatJob, signal: AbortSignal): AsyncGenerator<ChatEvent> {
@@ -226,20 +299,30 @@ export class LlamaChatEngine implements ChatEngine {
       );
     }
     const raw = job.rawPrompt !== undefined;
-    const prompt = raw ? "" : this.renderPrompt(job);
-    const tokens = raw ? job.rawPrompt! : this.tokenize(prompt);
     const limit = this.contextSize;
-    if (tokens.length + Math.max(job.maxTokens ?? 1, 1) > limit) {
-      throw new EngineInputError(
+    const room = limit - Math.max(job.maxTokens ?? 1, 1);
+    const tooLong = (tokens: string) =>
+      new EngineInputError(
         `This model's context window is ${limit} tokens; the ${
           raw ? "prompt takes" : "messages take"
-        } ${tokens.length} tokens` +
+        } ${tokens}` +
           (job.maxTokens ? ` and max_tokens asks for ${job.maxTokens} more` : "") +
           `. Shorten the ${raw ? "prompt" : "messages"} or lower max_tokens.`,
         raw ? "prompt" : "messages",
         "context_length_exceeded",
       );
+    let prompt = "";
+    let tokens: number[];
+    if (raw) tokens = job.rawPrompt!;
+    else {
+      // A history far past the context is refused before it is rendered.
+      const floor = this.#template.promptFloor(job.messages, this.#longestToken);
+      if (floor > room) throw tooLong(`at least ${floor} tokens`);
+      const rendered = await this.prompt(job, signal, room);
+      if (!rendered.complete) throw tooLong(`more than ${room} tokens`);
+      ({ text: prompt, tokens } = rendered);
     }
+    if (tokens.length > room) throw tooLong(`${tokens.length} tokens`);
     const inThink = /<think>\s*$/.test(prompt);
     const thinking = inThink || (this.thinking.switchable && (job.enableThinking ?? this.thinking.defaultOn));
     const grammar = await this.#grammar(job, inThink, thinking, signal);
@@ -334,11 +417,13 @@ export class LlamaChatEngine implements ChatEngine {
    */
   async #plan(job: ChatJob, inThink: boolean, thinking: boolean, signal: AbortSignal): Promise<GrammarPlan> {
     const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
+    const mayCall = job.toolChoice === "auto" && job.tools.length > 0;
+    // A forced call comes first, whatever the format; under auto a format allows a call or the format.
     const mode = forced
       ? "forced"
       : job.output.type !== "text"
-      ? "output"
-      : job.toolChoice === "auto" && job.tools.length > 0
+      ? mayCall ? "call_or_output" : "output"
+      : mayCall
       ? "auto"
       : undefined;
     if (!mode) return { kind: "none" };
@@ -346,7 +431,8 @@ export class LlamaChatEngine implements ChatEngine {
       mode,
       inThink,
       thinking,
-      ...(mode === "output" ? [job.output] : [
+      ...(mode === "output" || mode === "call_or_output" ? [job.output] : []),
+      ...(mode === "output" ? [] : [
         job.toolChoice,
         job.parallelToolCalls,
         job.tools.map((t) => [t.name, t.parameters ?? null, t.strict ?? false]),
@@ -369,7 +455,7 @@ export class LlamaChatEngine implements ChatEngine {
   /** One synchronous pass of building a job's grammar (see {@link #plan}). */
   #buildPlan(
     job: ChatJob,
-    mode: "forced" | "output" | "auto",
+    mode: "forced" | "output" | "call_or_output" | "auto",
     inThink: boolean,
     thinking: boolean,
   ): GrammarPlan {
@@ -379,7 +465,7 @@ export class LlamaChatEngine implements ChatEngine {
         : job.tools;
       return { kind: "grammar", text: this.#callsGrammar(job, tools, inThink, thinking) };
     }
-    if (mode === "output") {
+    if (mode === "output" || mode === "call_or_output") {
       const g = new JsonGrammar(new GbnfRules("", this.#automata));
       const param = job.output.type === "json_schema"
         ? "response_format.json_schema.schema"
@@ -391,9 +477,12 @@ export class LlamaChatEngine implements ChatEngine {
             ? g.schema(job.output.schema, param, "out")
             : g.schema({ type: "object" }, param, "out"),
       );
+      const calls = mode === "call_or_output" ? this.#optionalCalls(g, job) : undefined;
       return {
         kind: "grammar",
-        text: g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${payload}`),
+        text: g.rules.text(
+          `root ::= ${thinkPrefix(g, inThink, thinking)}${calls ? `( ${calls} | ${payload} )` : payload}`,
+        ),
       };
     }
     let text: string;
@@ -414,9 +503,28 @@ export class LlamaChatEngine implements ChatEngine {
     return { kind: "grammar", text, trigger };
   }
 
+  /**
+   * The calls an `auto` job with a response format may make instead of the format, in `g`; undefined
+   * when their schemas cannot be enforced (then only the format is allowed; strict tools are refused).
+   */
+  #optionalCalls(g: JsonGrammar, job: ChatJob): string | undefined {
+    try {
+      return this.#callRules(g, job, job.tools);
+    } catch (e) {
+      if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
+      this.#log.debug("tool calls are not offered next to the response format", { reason: e.message });
+      return undefined;
+    }
+  }
+
   /** One call (or, with parallel calls, up to MAX_PARALLEL_CALLS) of the given tools. */
   #callsGrammar(job: ChatJob, tools: EngineTool[], inThink: boolean, thinking: boolean): string {
     const g = new JsonGrammar(new GbnfRules("", this.#automata));
+    return g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${this.#callRules(g, job, tools)}`);
+  }
+
+  /** The call rules of `tools` in `g`: one call, or with parallel calls up to MAX_PARALLEL_CALLS. */
+  #callRules(g: JsonGrammar, job: ChatJob, tools: EngineTool[]): string {
     const calls = tools.map((t) => {
       const i = job.tools.indexOf(t);
       const param = `tools[${i}].function.parameters`;
@@ -424,10 +532,11 @@ export class LlamaChatEngine implements ChatEngine {
     });
     const call = g.rules.add("call", calls.join(" | "));
     const more = job.parallelToolCalls ? ` ( "\\n" ${call} ){0,${MAX_PARALLEL_CALLS - 1}}` : "";
-    return g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${call}${more}`);
+    return `${call}${more}`;
   }
 
   dispose(): Promise<void> {
+    this.#template.dispose();
     this.#batch.free();
     this.#ctx.free();
     this.#model.free();
@@ -551,6 +660,8 @@ class ChoiceOutput {
   #tokens = 0;
   #reasoningTokens = 0;
   #ended = false;
+  /** The stop sequence that ended the choice. */
+  #stopSequence?: string;
   #pendingLogprobs: TokenLogprobInfo[] = [];
 
   constructor(
@@ -572,7 +683,8 @@ class ChoiceOutput {
     if (wasReasoning) this.#reasoningTokens++;
     if (logprob) this.#pendingLogprobs.push(this.#logprobInfo(logprob));
     const text = this.#decoder.decode(this.engine.piece(token), { stream: true });
-    const { text: safe, stopped } = this.#stops.push(text);
+    const { text: safe, stopped, matched } = this.#stops.push(text);
+    if (matched !== undefined) this.#stopSequence = matched;
     this.#parse(safe);
     return !stopped;
   }
@@ -594,6 +706,7 @@ class ChoiceOutput {
       finishReason,
       completionTokens: this.#tokens,
       reasoningTokens: this.#reasoningTokens,
+      ...(cause === "stop" && this.#stopSequence !== undefined ? { stopSequence: this.#stopSequence } : {}),
     });
   }
 
