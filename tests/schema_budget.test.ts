@@ -300,3 +300,59 @@ serverTest("schemas llama.cpp cannot take are a 400 naming the keyword, before g
   const ok = await post("/v1/chat/completions", chatWith({ type: "number", minimum: 1e-300, maximum: 1 }));
   assert.equal(ok.status, 200, JSON.stringify(ok.body));
 });
+
+serverTest(
+  "SIGTERM while schemas compile: the requests in flight are answered 400, the server exits 0",
+  async () => {
+    // A server of its own: it is stopped here. The drain time is short so that on the old code (the
+    // main thread held by N=39) the exit guard's forced exit (code 1) comes soon.
+    const own = await startServer(["--api-key", KEY, "--drain-timeout-ms", "5000"], { waitReady: true });
+    // N=39 is refused at arrival; the others pass that check and compile until the budget stops them.
+    const kinds = [allOfChain(39), allOfChain(13), TRICKS["properties fan-out"], allOfChain(14)];
+    const statuses: number[] = [];
+    let signalled = false;
+    let answeredAfterSignal = 0;
+    // Six clients keep schema requests in flight until the server stops answering.
+    const client = async (k: number) => {
+      for (let i = k;; i++) {
+        let res: Response;
+        try {
+          res = await fetch(`${own.url}/v1/chat/completions`, {
+            method: "POST",
+            headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+            // Each schema differs (its description): none is answered from the grammar cache.
+            body: JSON.stringify(chatWith({ ...kinds[i % kinds.length], description: `c${k}-${i}` })),
+          });
+        } catch {
+          return; // the server has closed its listener
+        }
+        const body = await res.json().catch(() => null);
+        statuses.push(res.status);
+        if (res.status === 503) return; // draining: new requests are refused
+        assertApiError({ status: res.status, body }, 400, { code: "schema_too_large" });
+        if (signalled) answeredAfterSignal++;
+      }
+    };
+    const clients = Array.from({ length: 6 }, (_, k) => client(k));
+    while (statuses.length < 12) await new Promise((r) => setTimeout(r, 5));
+    signalled = true;
+    const code = await own.stop("SIGTERM");
+    await Promise.all(clients);
+    assert.equal(code, 0, "the server drained and exited by itself");
+    assert.ok(statuses.every((s) => s === 400 || s === 503), `statuses: ${statuses}`);
+    // The order in the server's own log: requests were still being compiled and answered once it drained.
+    const lines = own.logs.map((l) => {
+      try {
+        return JSON.parse(l);
+      } catch {
+        return {};
+      }
+    });
+    const drainAt = lines.findIndex((l) => /shutting down/.test(l.msg ?? ""));
+    assert.ok(drainAt >= 0, "the server logged its drain");
+    assert.ok(
+      lines.slice(drainAt).some((l) => l.msg === "request" && l.status === 400),
+      `no schema request was answered during the drain (${answeredAfterSignal} after the signal)`,
+    );
+  },
+);
