@@ -7,6 +7,7 @@ import {
   abortedError,
   ApiError,
   errorResponse,
+  fromUpstreamError,
   fromZodError,
   jsonResponse,
   modelNotFound,
@@ -14,7 +15,8 @@ import {
   slicedJsonResponse,
 } from "./http/errors.ts";
 import { readJsonBody } from "./http/body.ts";
-import type { ApiKey, KeyRing, RateLimiter } from "./http/auth.ts";
+import type { KeyRing, RateLimiter } from "./http/auth.ts";
+import type { ApiKey } from "./api_keys.ts";
 import type { Logger } from "./log.ts";
 import type { ModelSlot, Registry } from "./registry.ts";
 import type { Metrics } from "./metrics.ts";
@@ -23,16 +25,17 @@ import { ChatRequestSchema } from "./protocol/chat.ts";
 import type { ModelList, ModelObject } from "./protocol/models.ts";
 import { createEmbeddings, type EmbeddingLimits } from "./services/embeddings.ts";
 import { createEntryEmbeddings } from "./services/upstream_embeddings.ts";
-import { modelStatus } from "./upstream/status.ts";
-import { relayCompletion } from "./upstream/completions.ts";
-import { poolOf } from "./upstream/load.ts";
+import { modelStatus } from "./routes/model_status.ts";
+import { EngineUpstreamError } from "./engines/types.ts";
+import { poolOf } from "./engines/upstream/load.ts";
 import type { CompletionUsage } from "./protocol/common.ts";
 import { openApiDocument, type RouteInfo } from "./http/openapi.ts";
 import { type ChatContext, createChatCompletion } from "./services/chat.ts";
 import { createResponse, IGNORED_TOOLS_HEADER, type ResponsesOptions } from "./services/responses.ts";
 import { ReasoningSealer } from "./services/reasoning_seal.ts";
 import { ResponsesRequestSchema } from "./protocol/responses.ts";
-import { createCompletion } from "./services/completions.ts";
+import { type CompletionRun, createCompletion, createRelayedCompletion } from "./services/completions.ts";
+import { SSE_HEADERS, sseStream } from "./http/sse.ts";
 import { detokenize, tokenize } from "./services/tokens.ts";
 import {
   CompletionRequestSchema,
@@ -363,8 +366,10 @@ export function createServer(deps: ServerDeps): ServerHandler {
         };
         // A model served by upstreams relays the request: the prompt's tokens are the upstream's.
         const pool = poolOf(engine);
-        if (pool) return await relayCompletion(body, pool, completionContext);
-        return await createCompletion(body, engine, completionContext);
+        const run = pool
+          ? await createRelayedCompletion(body, pool, completionContext)
+          : await createCompletion(body, engine, completionContext);
+        return completionResponse(run, deps.log, ctx.id);
       },
     },
     ...["/tokenize", "/v1/tokenize"].map((path): Route => ({
@@ -635,6 +640,8 @@ export function createServer(deps: ServerDeps): ServerHandler {
 
 function toApiError(e: unknown, signal: AbortSignal, ctx: RequestContext, log: Logger): ApiError {
   if (e instanceof ApiError) return e;
+  // A remote engine's refusal or failure where no service shaped it (tokenize, embeddings).
+  if (e instanceof EngineUpstreamError) return fromUpstreamError(e);
   if (signal.aborted) return abortedError(signal.reason);
   log.error("unexpected error", { request_id: ctx.id, error: String((e as Error)?.stack ?? e) });
   return new ApiError(
@@ -644,6 +651,24 @@ function toApiError(e: unknown, signal: AbortSignal, ctx: RequestContext, log: L
     null,
     "internal_error",
   );
+}
+
+/** A completions run as HTTP: JSON, or an event stream of `text_completion` chunks. */
+function completionResponse(run: CompletionRun, log: Logger, requestId: string): Response {
+  if (run.kind === "completion") return jsonResponse(run.completion);
+  const body = sseStream(run.chunks, {
+    pingMs: 15_000,
+    onError: (e) => {
+      const error = run.toError(e);
+      log.warn("stream ended with an error", {
+        request_id: requestId,
+        status: error.status,
+        code: error.code,
+      });
+      return error.toBody();
+    },
+  });
+  return new Response(body, { headers: SSE_HEADERS });
 }
 
 /** The same response whose body calls `done` once, when it ends (`cut`: when it fails or is cancelled). */

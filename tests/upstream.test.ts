@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { standInVector, startBlackHole, startStandIn } from "./helpers/standin.ts";
-import { base64ToFloat32, truncateAndNormalize } from "../src/services/vectors.ts";
+import { base64ToFloat32, truncateAndNormalize } from "../src/vectors.ts";
 
 const KEY = "gw-key";
 const UP_KEY = "up-key";

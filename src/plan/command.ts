@@ -5,7 +5,7 @@
  */
 import type { Config } from "../config.ts";
 import type { Logger } from "../log.ts";
-import type { ModelSpec } from "../registry.ts";
+import type { ModelSpec } from "../model_spec.ts";
 import { formatBytes, type ModelPlan, type PlanDevice, refusalMessage } from "./memory.ts";
 import { formatPlan, modelHeaders, planJson, planSpecs } from "./run.ts";
 

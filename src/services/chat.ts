@@ -2,7 +2,7 @@
  * The OpenAI semantics of `/v1/chat/completions`: request → engine job, engine events →
  * a `chat.completion` or a stream of `chat.completion.chunk`s.
  */
-import { abortedError, ApiError, badRequest, jsonResponse } from "../http/errors.ts";
+import { abortedError, ApiError, badRequest, fromUpstreamError, jsonResponse } from "../http/errors.ts";
 import { SSE_HEADERS, sseStream } from "../http/sse.ts";
 import type {
   ChatChunk,
@@ -22,7 +22,7 @@ import type {
   OutputConstraint,
   TokenLogprobInfo,
 } from "../engines/types.ts";
-import { EngineInputError } from "../engines/types.ts";
+import { EngineInputError, EngineUpstreamError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
 import { checkAgainstSchema, checkSchemaLimits } from "./schema_check.ts";
 
@@ -211,6 +211,7 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
 function toApiError(e: unknown, signal: AbortSignal): ApiError {
   if (e instanceof ApiError) return e;
   if (e instanceof EngineInputError) return badRequest(e.message, e.param, e.code);
+  if (e instanceof EngineUpstreamError) return fromUpstreamError(e);
   if (signal.aborted) return abortedError(signal.reason);
   return new ApiError(500, "server_error", "The model failed while generating.", null, "generation_failed");
 }

@@ -1,8 +1,7 @@
 /** Opens the engine of a registry entry whose `backend` is `openai`. */
-import type { Logger } from "../log.ts";
-import type { ModelSpec } from "../registry.ts";
-import type { ChatEngine, EmbeddingEngine } from "../engines/types.ts";
-import { RoutingSchema } from "./config.ts";
+import type { Logger } from "../../log.ts";
+import { type ModelSpec, RoutingSchema } from "../../model_spec.ts";
+import type { ChatEngine, EmbeddingEngine } from "../types.ts";
 import { UpstreamPool } from "./pool.ts";
 import { UpstreamChatEngine } from "./chat.ts";
 import { UpstreamEmbeddingEngine } from "./embeddings.ts";

@@ -2,7 +2,7 @@
  * Per-upstream metrics of every model served by upstreams, labelled by model and upstream name
  * (names come from the registry, so the series are bounded by configuration).
  */
-import type { Family } from "../metrics.ts";
+import type { Family } from "../../metrics.ts";
 import type { PoolStats, UpstreamPool } from "./pool.ts";
 
 const STATE_VALUE = { unknown: 0, healthy: 1, unhealthy: -1, ejected: -2 } as const;
