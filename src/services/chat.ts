@@ -2,8 +2,7 @@
  * The OpenAI semantics of `/v1/chat/completions`: request → engine job, engine events →
  * a `chat.completion` or a stream of `chat.completion.chunk`s.
  */
-import { abortedError, ApiError, badRequest, fromUpstreamError, jsonResponse } from "../http/errors.ts";
-import { SSE_HEADERS, sseStream } from "../http/sse.ts";
+import { abortedError, ApiError, badRequest, fromUpstreamError } from "../http/errors.ts";
 import type {
   ChatChunk,
   ChatCompletion,
@@ -41,29 +40,6 @@ export interface ChatContext {
   /** The first token arrived. */
   onFirstToken?: () => void;
   onUsage?: (usage: CompletionUsage) => void;
-}
-
-/**
- * Answers one chat request: JSON, or an SSE stream when `stream` is true. Errors found before
- * the first token are thrown (a normal HTTP error); later ones become an error event.
- *
- * @example
- * ```ts
- * const res = await createChatCompletion(body, engine, ctx);
- * ```
- */
-export async function createChatCompletion(
-  req: ChatRequest,
-  engine: ChatEngine,
-  ctx: ChatContext,
-): Promise<Response> {
-  const run = await runChat(req, engine, ctx);
-  if (run.kind === "completion") return jsonResponse(run.completion);
-  const body = sseStream(run.chunks, {
-    pingMs: 15_000,
-    onError: (e) => run.toError(e).toBody(),
-  });
-  return new Response(body, { headers: SSE_HEADERS });
 }
 
 /** A chat request's outcome: the whole completion, or its chunks (errors mid-stream are thrown by them). */
