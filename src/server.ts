@@ -6,10 +6,17 @@
  * headers and CORS; the access log and metrics are written when the body ends. Knows nothing
  * about tokens; services do the OpenAI semantics.
  */
-import { abortedError, ApiError, errorResponse, fromUpstreamError, onSlicedJsonEnd } from "./http/errors.ts";
+import {
+  abortedError,
+  ApiError,
+  badRequest,
+  errorResponse,
+  fromUpstreamError,
+  onSlicedJsonEnd,
+} from "./http/errors.ts";
 import { clip, matchRoute } from "./http/router.ts";
 import type { RouteInfo } from "./http/openapi.ts";
-import { EngineUpstreamError } from "./engines/types.ts";
+import { EngineInputError, EngineUpstreamError } from "./engines/types.ts";
 import type { Logger } from "./log.ts";
 import { type RequestContext, type Route, routeKit, type ServerDeps } from "./routes/context.ts";
 import { routeInfo, routeLabel, routeTable } from "./routes/index.ts";
@@ -212,6 +219,8 @@ function toApiError(e: unknown, signal: AbortSignal, ctx: RequestContext, log: L
   if (e instanceof ApiError) return e;
   // A remote engine's refusal or failure where no service shaped it (tokenize, embeddings).
   if (e instanceof EngineUpstreamError) return fromUpstreamError(e);
+  // Bad input an engine found where no service mapped it (e.g. /tokenize of messages the template refuses).
+  if (e instanceof EngineInputError) return badRequest(e.message, e.param, e.code);
   if (signal.aborted) return abortedError(signal.reason);
   log.error("unexpected error", { request_id: ctx.id, error: String((e as Error)?.stack ?? e) });
   return new ApiError(
