@@ -10,7 +10,7 @@ import { type Json, postJson, startServer } from "./helpers/server.ts";
 import { postStream } from "./helpers/sse.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { ResponseObjectSchema, ResponseStreamEventSchema } from "../src/protocol/responses.ts";
-import { checkAgainstSchema } from "../src/services/schema_check.ts";
+import { checkSchema } from "./helpers/schema.ts";
 import { streamEvents } from "../src/services/responses.ts";
 import { ApiError } from "../src/http/errors.ts";
 import type { ChatChunk } from "../src/protocol/chat.ts";
@@ -179,7 +179,7 @@ serverTest("a function-call round trip: call → function_call_output → answer
   assert.equal(call.name, "get_weather");
   assert.ok(call.call_id.length > 0);
   const args = JSON.parse(call.arguments);
-  assert.ok((await checkAgainstSchema(WEATHER.parameters, args)).ok, call.arguments);
+  assert.ok((await checkSchema(WEATHER.parameters, args)).ok, call.arguments);
   assert.equal(first.status, "completed");
 
   const second = await create({
@@ -261,7 +261,7 @@ serverTest("a function-call round trip: call → function_call_output → answer
     assert.equal(done.arguments, deltas);
     assert.equal(item.arguments, deltas);
     assert.equal(item.name, "get_weather");
-    assert.ok((await checkAgainstSchema(WEATHER.parameters, JSON.parse(deltas))).ok, deltas);
+    assert.ok((await checkSchema(WEATHER.parameters, JSON.parse(deltas))).ok, deltas);
   }
   assert.equal(events.at(-1).type, "response.completed");
 });
@@ -287,7 +287,7 @@ serverTest("structured output via text.format json_schema is valid JSON of the s
     });
     assert.equal(res.status, "completed", JSON.stringify(res));
     const value = JSON.parse(res.output_text);
-    assert.ok((await checkAgainstSchema(schema, value)).ok, res.output_text);
+    assert.ok((await checkSchema(schema, value)).ok, res.output_text);
     assert.equal(res.text.format.type, "json_schema");
   }
 });
@@ -371,7 +371,7 @@ async function callsOf(output: Json[]): Promise<Json[]> {
   for (const c of calls) {
     assert.ok(c.name in SCHEMAS, c.name);
     assert.ok(
-      (await checkAgainstSchema(SCHEMAS[c.name], JSON.parse(c.arguments))).ok,
+      (await checkSchema(SCHEMAS[c.name], JSON.parse(c.arguments))).ok,
       `${c.name}(${c.arguments})`,
     );
     assert.equal(c.status, "completed");
@@ -1014,7 +1014,7 @@ serverTest(
     });
     const call = first.output.find((o: Json) => o.type === "function_call");
     assert.ok(call, JSON.stringify(first.output));
-    assert.ok((await checkAgainstSchema(WEATHER.parameters, JSON.parse(call.arguments))).ok);
+    assert.ok((await checkSchema(WEATHER.parameters, JSON.parse(call.arguments))).ok);
     const history = [
       { role: "user", content: "Weather?" },
       call,
@@ -1031,7 +1031,7 @@ serverTest(
       ...NO_THINKING,
     });
     assert.equal(second.status, "completed");
-    assert.ok((await checkAgainstSchema(schema, JSON.parse(second.output_text))).ok, second.output_text);
+    assert.ok((await checkSchema(schema, JSON.parse(second.output_text))).ok, second.output_text);
     // …and favoured, a call: the format no longer shuts tools out.
     const again = await create({
       model: MODEL,
@@ -1045,7 +1045,7 @@ serverTest(
     });
     const next = again.output.find((o: Json) => o.type === "function_call");
     assert.ok(next, JSON.stringify(again.output));
-    assert.ok((await checkAgainstSchema(WEATHER.parameters, JSON.parse(next.arguments))).ok, next.arguments);
+    assert.ok((await checkSchema(WEATHER.parameters, JSON.parse(next.arguments))).ok, next.arguments);
   },
 );
 
