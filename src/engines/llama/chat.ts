@@ -178,6 +178,7 @@ export class LlamaChatEngine implements ChatEngine {
       prompt_tokens_reused: s.promptTokensReused,
       tokens_generated: s.tokensGenerated,
       decodes: s.decodes,
+      decodes_on_thread: this.#ctx.decodes.onThread,
       batched_tokens: s.batchedTokens,
       checkpoints_saved: s.checkpointsSaved,
       checkpoints_restored: s.checkpointsRestored,

@@ -3,6 +3,7 @@
  * native memory and translate return codes into errors; scheduling lives elsewhere.
  */
 import {
+  computeNow,
   CONTEXT_PARAMS,
   cString,
   type LlamaLibrary,
@@ -12,6 +13,25 @@ import {
   readCString,
   serialized,
 } from "./ffi.ts";
+
+import { decodeKind, DecodePace } from "./pace.ts";
+
+/**
+ * One pace for the process: its bursts of synchronous decodes hold the one event loop, whichever
+ * context runs them. `VSERVE_SYNC_DECODE_MS` sets the longest decode run synchronously (0: none).
+ */
+const pace = new DecodePace(syncDecodeMs());
+let contexts = 0;
+
+function syncDecodeMs(): number | undefined {
+  try {
+    const text = Deno.env.get("VSERVE_SYNC_DECODE_MS");
+    const ms = text === undefined ? NaN : Number(text);
+    return Number.isFinite(ms) && ms >= 0 ? ms : undefined;
+  } catch {
+    return undefined; // no permission to read the environment: the default
+  }
+}
 
 /** Token attribute bits (`llama_token_attr`). */
 const ATTR_CONTROL = 1 << 3;
@@ -200,6 +220,8 @@ export interface ContextOptions {
   kvUnified: boolean;
   /** llama.cpp's flash attention: `auto` (its default: on where the backend has it), `on` or `off`. */
   flashAttention?: FlashAttention;
+  /** Where its decodes run (default: the process's pace, see pace.ts). */
+  pace?: DecodePace;
 }
 
 /** The `flash_attn_type` values of llama.cpp's context parameters. */
@@ -216,6 +238,11 @@ export class NativeContext {
   readonly nSeqMax: number;
   readonly mem: Deno.PointerObject;
   #freed = false;
+  readonly #id = ++contexts;
+  readonly #pace: DecodePace;
+  #embeddings: boolean;
+  /** Decodes run on the JavaScript thread (see pace.ts) and on the blocking pool. */
+  readonly decodes = { onThread: 0, offThread: 0 };
   /** A view of llama.cpp's logits buffer from its start (see {@link logits}). */
   #outputs?: { base: Deno.PointerObject; view: Float32Array };
 
@@ -223,8 +250,12 @@ export class NativeContext {
     readonly lib: LlamaLibrary,
     readonly model: NativeModel,
     readonly ptr: Deno.PointerObject,
+    embeddings: boolean,
+    decodePace: DecodePace,
   ) {
     const s = lib.symbols;
+    this.#embeddings = embeddings;
+    this.#pace = decodePace;
     this.nCtx = s.llama_n_ctx(ptr);
     this.nCtxSeq = s.llama_n_ctx_seq(ptr);
     this.nBatch = s.llama_n_batch(ptr);
@@ -266,18 +297,43 @@ export class NativeContext {
           "(not enough memory? the log above says why)",
       );
     }
-    return new NativeContext(lib, model, ptr);
+    return new NativeContext(lib, model, ptr, opts.embeddings, opts.pace ?? pace);
   }
 
   /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */
   idle(): void {
+    this.#pace.rest();
     this.lib.idle();
   }
 
-  /** Runs the model on `batch` (off the JS thread); throws with llama.cpp's reason on failure. */
+  /**
+   * Runs the model on `batch`: on the JavaScript thread when a decode of its shape is expected to be
+   * short, else off it (see pace.ts); throws with llama.cpp's reason on failure.
+   */
   async decode(batch: Batch): Promise<void> {
     if (batch.size === 0) return;
-    const r = await serialized(() => this.lib.symbols.llama_decode(this.ptr, batch.struct()));
+    const s = this.lib.symbols;
+    const kind = `${this.#id}:${decodeKind(batch.size, this.#embeddings)}`;
+    const start = performance.now();
+    const now = this.#pace.onThread(kind)
+      ? computeNow(() => s.llama_decode_sync(this.ptr, batch.struct()))
+      : undefined;
+    let r: number;
+    if (now) {
+      r = now.result;
+      this.#pace.record(kind, performance.now() - start, true);
+      this.decodes.onThread++;
+    } else {
+      let ms = 0;
+      r = await serialized(async () => {
+        const t = performance.now();
+        const result = await s.llama_decode(this.ptr, batch.struct());
+        ms = performance.now() - t;
+        return result;
+      });
+      this.#pace.record(kind, ms, false);
+      this.decodes.offThread++;
+    }
     if (r === 0) return;
     throw new Error(
       r === 1
@@ -320,6 +376,7 @@ export class NativeContext {
 
   /** Switches embedding output on or off for the next decodes. */
   setEmbeddings(on: boolean): void {
+    this.#embeddings = on;
     this.lib.symbols.llama_set_embeddings(this.ptr, on);
   }
 

@@ -1,0 +1,58 @@
+/**
+ * Where a decode runs: on the JavaScript thread (a synchronous FFI call, which makes that thread
+ * ggml's thread 0, as llama-server's loop thread is) or on a thread of Deno's blocking pool (a
+ * non-blocking call, which leaves the event loop free meanwhile).
+ *
+ * A non-blocking call costs a hand-off each way: measured on the tiny stand-ins, ~30 µs of the
+ * JavaScript thread to submit the call, 50–150 µs of CPU on the pool thread (a different one nearly
+ * every call, its caches cold) and two thread wake-ups, which on a VM whose idle vCPUs halt cost tens
+ * of microseconds each. Against a 35 ms decode that is noise; against the 1–4 ms steps of a small
+ * model, or of a large one on a GPU, it is a tenth of every token. So a decode expected to be short
+ * runs on the JavaScript thread, the event loop held for that long, and in bursts: once a burst's
+ * synchronous compute reaches {@link DecodePace.burstMs}, the next decode is non-blocking, during
+ * which the loop waits for its sockets (new requests, `/health`, disconnects) and flushes what the
+ * streams wrote (several tokens of a fast stream then go out in one write). Longer decodes (prompt
+ * chunks, many sequences, a slow machine) stay non-blocking.
+ */
+
+/** Decode durations by kind (batch shape) and the current burst of synchronous decodes. */
+export class DecodePace {
+  readonly #expected = new Map<string, number>();
+  #spent = 0;
+
+  /**
+   * `maxStepMs`: the longest expected decode run synchronously; `burstMs`: synchronous compute
+   * between two waits of the event loop.
+   */
+  constructor(readonly maxStepMs = 4, readonly burstMs = 2 * maxStepMs) {}
+
+  /** Whether a decode of `kind` may run on the JavaScript thread now. */
+  onThread(kind: string): boolean {
+    const expected = this.#expected.get(kind);
+    return expected !== undefined && expected <= this.maxStepMs && this.#spent + expected <= this.burstMs;
+  }
+
+  /** A decode of `kind` took `ms` (`onThread`: synchronously; else the event loop waited meanwhile). */
+  record(kind: string, ms: number, onThread: boolean): void {
+    const expected = this.#expected.get(kind);
+    // A moving average: one slow step (the thread preempted) moves it a quarter of the way.
+    this.#expected.set(kind, expected === undefined ? ms : expected + (ms - expected) / 4);
+    this.#spent = onThread ? this.#spent + ms : 0;
+  }
+
+  /** The event loop is free to wait (the engine ran out of work): the next burst starts afresh. */
+  rest(): void {
+    this.#spent = 0;
+  }
+
+  /** The expected duration of a decode of `kind`, if one was measured. */
+  expected(kind: string): number | undefined {
+    return this.#expected.get(kind);
+  }
+}
+
+/** The batch shape a duration is kept for: token count (exact up to 16, then by powers of two) and mode. */
+export function decodeKind(tokens: number, embeddings: boolean): string {
+  const bucket = tokens <= 16 ? tokens : 2 ** Math.ceil(Math.log2(tokens));
+  return `${embeddings ? "e" : "g"}${bucket}`;
+}

@@ -1,0 +1,130 @@
+/**
+ * Fast steps (issue 28): short decodes on the JavaScript thread in bounded bursts, SSE chunk
+ * coalescing, and what keeps the event loop serving meanwhile. No wall-clock assertions: order and
+ * counters only.
+ */
+import assert from "node:assert/strict";
+import { decodeKind, DecodePace } from "../src/engines/llama/pace.ts";
+import { resolveSource } from "../src/models/sources.ts";
+import { silentLogger } from "../src/log.ts";
+import { llamaRuntime } from "../src/engines/llama/runtime.ts";
+import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
+import { Batch, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
+import { Scheduler } from "../src/engines/llama/scheduler.ts";
+import { TokenSampler } from "../src/engines/llama/sampler.ts";
+
+const CACHE = new URL("../models/cache", import.meta.url).pathname;
+
+Deno.test("decode pace: a kind runs on the thread once measured short, in bursts that a wait ends", () => {
+  const pace = new DecodePace(4, 8);
+  assert.equal(pace.onThread("a"), false, "never measured: off the thread, to measure it");
+  pace.record("a", 2, false);
+  assert.equal(pace.onThread("a"), true);
+  pace.record("b", 30, false);
+  assert.equal(pace.onThread("b"), false, "a long decode stays off the thread");
+  // Synchronous compute adds up: 2 + 2 + 2 = 6 ms, and another 2 ms step would pass the 8 ms burst.
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  assert.equal(pace.onThread("a"), true);
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  assert.equal(pace.onThread("a"), false, "the burst is used up: the next decode lets the loop wait");
+  pace.record("a", 2, false);
+  assert.equal(pace.onThread("a"), true, "a decode off the thread starts a new burst");
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  assert.equal(pace.onThread("a"), false);
+  pace.rest();
+  assert.equal(pace.onThread("a"), true, "the engine ran out of work: the loop waited");
+  // A moving average: one slow step moves it a quarter of the way; slow steps send the kind off.
+  pace.record("a", 30, true);
+  assert.equal(pace.expected("a"), 2 + (30 - 2) / 4);
+  assert.equal(pace.onThread("a"), false);
+  assert.equal(new DecodePace(0).onThread("a"), false);
+  const off = new DecodePace(0);
+  off.record("a", 0.5, false);
+  assert.equal(off.onThread("a"), false, "0: never on the thread");
+});
+
+Deno.test("decode pace: kinds by token count (exact to 16, then powers of two) and mode", () => {
+  assert.equal(decodeKind(1, false), "g1");
+  assert.equal(decodeKind(16, false), "g16");
+  assert.equal(decodeKind(17, false), "g32");
+  assert.equal(decodeKind(512, true), "e512");
+  assert.notEqual(decodeKind(3, true), decodeKind(3, false));
+});
+
+Deno.test({
+  name: "scheduler: short steps decode on the JavaScript thread, and the event loop still turns",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    await llamaRuntime("cpu", silentLogger);
+    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+    const lib = openLlamaLibrary();
+    const model = await NativeModel.load(lib, path, 0);
+    const ctx = await NativeContext.create(model, {
+      nCtx: 2 * 1024,
+      nBatch: 516,
+      nUbatch: 516,
+      nSeqMax: 2,
+      threads: 1,
+      embeddings: false,
+      kvUnified: false,
+      // Every measured step on the thread, however slow the machine, in bursts of 8 ms.
+      pace: new DecodePace(1000, 8),
+    });
+    const batch = new Batch(lib, 516);
+    const scheduler = new Scheduler(model, ctx, batch, {
+      chunk: 512,
+      maxCheckpoints: 4,
+      checkpointSpacing: 256,
+    });
+    // No end of text: every run decodes its whole length.
+    const eog = new Map<number, number>();
+    for (let t = 0; t < model.nVocab; t++) if (model.isEog(t)) eog.set(t, -Infinity);
+    const params = {
+      temperature: 0.8,
+      topK: 40,
+      topP: 0.95,
+      minP: 0.05,
+      seed: 1,
+      presencePenalty: 0,
+      frequencyPenalty: 0,
+      repeatPenalty: 1,
+      logitBias: eog,
+    };
+    try {
+      const tokens = 200;
+      let timerFiredAt = -1;
+      let generated = 0;
+      const before = { ...ctx.decodes };
+      await scheduler.run({
+        prompt: model.tokenize("the river carries light across stones", false),
+        choices: [{ sampler: new TokenSampler(params, model.nVocab), grammar: null }],
+        maxTokens: tokens,
+        signal: new AbortController().signal,
+        onPrompt: () => {},
+        onToken: () => {
+          // A timer set once the steps run on the thread fires while they go on: bursts end.
+          if (++generated === 10) setTimeout(() => (timerFiredAt = generated), 0);
+          return true;
+        },
+        onEnd: () => {},
+      });
+      assert.equal(generated, tokens);
+      const onThread = ctx.decodes.onThread - before.onThread;
+      const offThread = ctx.decodes.offThread - before.offThread;
+      assert.ok(onThread > 0, `no decode ran on the JavaScript thread (${offThread} off it)`);
+      // (Off the thread without a burst limit: the prompt's decode and the first step, to measure them.)
+      assert.ok(offThread > 2, "bursts end with a decode off the thread");
+      assert.ok(timerFiredAt > 0 && timerFiredAt < tokens, `the timer fired after token ${timerFiredAt}`);
+    } finally {
+      batch.free();
+      ctx.free();
+      model.free();
+    }
+  },
+});
