@@ -7,9 +7,11 @@ export const USAGE = `deno task bench [options]
   --quick                      1 repetition, 32 decode tokens, fewer streams and sentences (< 2 min alone)
   --tiny                       the tiny presets: checks the harness, not the speed
   --reps N                     repetitions (default 3; --quick: 1)
-  --scenarios LIST             chat,concurrency,embeddings,overhead,features,gateway,sampler (default: all);
-                               gateway: vserve in front of vserve (overhead, gain of prefix affinity);
-                               sampler: the sampler's kernels against plain JavaScript, in-process
+  --scenarios LIST             chat,concurrency,embeddings,overhead,features,gateway,sampler,fast
+                               (default: all); gateway: vserve in front of vserve (overhead, gain of
+                               prefix affinity); sampler: the sampler's kernels against plain
+                               JavaScript, in-process; fast: the tiny presets' 1-4 ms steps, where a
+                               server's own cost per token and per request shows (with llama-server)
   --chat-models LIST           dense,moe: bench-chat (Qwen3-0.6B shape) and bench-moe (Qwen3.6-35B-A3B's
                                per-token compute, 16 experts); with --tiny: tiny-chat, tiny-moe
                                (default: both)
@@ -69,7 +71,7 @@ export interface BenchOptions {
 /** A command line that cannot run; the message says why. */
 export class UsageError extends Error {}
 
-const SCENARIOS = ["chat", "concurrency", "embeddings", "overhead", "features", "gateway", "sampler"];
+const SCENARIOS = ["chat", "concurrency", "embeddings", "overhead", "features", "gateway", "sampler", "fast"];
 
 /**
  * Parses the benchmark's flags (and the environment variables that stand in for some of them).

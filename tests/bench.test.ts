@@ -314,6 +314,8 @@ Deno.test({
         "chat aggregate decode (tiny-moe)",
         "embeddings",
         "server overhead",
+        "fast steps (tiny-chat)",
+        "fast steps (tiny-embed)",
       ]
     ) assert.ok(scenarios.has(s), s);
     for (const r of report.rows as Row[]) {
