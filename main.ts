@@ -15,6 +15,7 @@ import { resolveModelSpecs } from "./src/model_specs.ts";
 import { loadEngine } from "./src/engines/load.ts";
 import { upstreamMetricFamilies } from "./src/upstream/metrics.ts";
 import { poolOf } from "./src/upstream/load.ts";
+import { ReasoningSealer } from "./src/services/reasoning_seal.ts";
 
 async function main(): Promise<number> {
   let loaded;
@@ -89,8 +90,16 @@ async function main(): Promise<number> {
     metrics.eventLoopLag.observe({}, lag);
   });
   loopMonitor.start();
+  const sealer = await ReasoningSealer.create(config.reasoningKey);
+  if (!sealer.configured) {
+    log.info(
+      "reasoning blobs (encrypted_content) are sealed with a key made at start: they do not survive a " +
+        "restart or reach another replica; set --reasoning-key / VSERVE_REASONING_KEY to share one",
+    );
+  }
   const handler = createServer({
     onRequest: () => loopMonitor.wake(),
+    responses: { hostedTools: config.hostedTools, sealer },
     registry,
     keys,
     limiter: new RateLimiter(),

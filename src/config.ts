@@ -41,6 +41,10 @@ export const ConfigSchema = z.object({
   tlsKey: z.string().optional(),
   /** Whether /metrics and /health/ready need a key: auto = open on loopback, key elsewhere. */
   opsAuth: z.enum(["auto", "on", "off"]).default("auto"),
+  /** Responses API tools the server cannot run (web_search, mcp, …): left out of the prompt, or a 400. */
+  hostedTools: z.enum(["ignore", "refuse"]).default("ignore"),
+  /** Secret the key that seals reasoning (`encrypted_content`) is derived from; unset: random per start. */
+  reasoningKey: z.string().min(32, "use at least 32 characters (e.g. openssl rand -base64 32)").optional(),
   logFormat: z.enum(["json", "pretty"]).default(Deno.stderr.isTerminal() ? "pretty" : "json"),
   logLevel: z.enum(["debug", "info", "warn", "error"]).default("info"),
 });
@@ -162,6 +166,20 @@ export const SETTINGS: readonly Setting[] = [
     flag: "ops-auth",
     kind: "string",
     help: "key for /metrics and /health/ready: auto (open on loopback) | on | off",
+  },
+  {
+    key: "hostedTools",
+    flag: "hosted-tools",
+    kind: "string",
+    help: "Responses tools the server cannot run (web_search, file_search, mcp, …): ignore (left out, " +
+      "named in x-vserve-ignored-tools) | refuse (400)",
+  },
+  {
+    key: "reasoningKey",
+    flag: "reasoning-key",
+    kind: "string",
+    help: "secret (32+ characters) sealing Responses reasoning.encrypted_content; unset: a random key, " +
+      "so blobs do not survive a restart or reach another replica",
   },
   { key: "logFormat", flag: "log-format", kind: "string", help: "json | pretty" },
   { key: "logLevel", flag: "log-level", kind: "string", help: "debug | info | warn | error" },

@@ -29,7 +29,8 @@ import { poolOf } from "./upstream/load.ts";
 import type { CompletionUsage } from "./protocol/common.ts";
 import { openApiDocument, type RouteInfo } from "./http/openapi.ts";
 import { type ChatContext, createChatCompletion } from "./services/chat.ts";
-import { createResponse } from "./services/responses.ts";
+import { createResponse, IGNORED_TOOLS_HEADER, type ResponsesOptions } from "./services/responses.ts";
+import { ReasoningSealer } from "./services/reasoning_seal.ts";
 import { ResponsesRequestSchema } from "./protocol/responses.ts";
 import { createCompletion } from "./services/completions.ts";
 import { detokenize, tokenize } from "./services/tokens.ts";
@@ -41,6 +42,8 @@ import {
 import { VERSION_INFO } from "./version.ts";
 import type { z } from "zod";
 import type { ConnectionWatch } from "./http/connections.ts";
+import { CountTokensRequestSchema, MessagesRequestSchema } from "./protocol/anthropic.ts";
+import { anthropicErrorResponse, postCountTokens, postMessages } from "./routes/messages.ts";
 
 /** Shutdown state shared with `main.ts`. */
 export interface Lifecycle {
@@ -75,6 +78,8 @@ export interface ServerDeps {
   onRequest?: () => void;
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
+  /** Hosted-tool policy and reasoning sealing of `/v1/responses` (default: ignore, a key made here). */
+  responses?: ResponsesOptions;
 }
 
 /** The request handler for `Deno.serve`, with the route table it serves. */
@@ -105,6 +110,8 @@ interface Route {
   /** `v1`: a key always; `ops`: per --ops-auth; `open`: never. */
   auth: "v1" | "ops" | "open";
   handler: Handler;
+  /** The route's error body, when it is not OpenAI's. */
+  errors?: (e: ApiError, requestId: string) => Response;
 }
 
 /**
@@ -211,6 +218,10 @@ export function createServer(deps: ServerDeps): ServerHandler {
     };
   };
 
+  const responsesOptions: Promise<ResponsesOptions> = deps.responses
+    ? Promise.resolve(deps.responses)
+    : ReasoningSealer.create().then((sealer) => ({ hostedTools: "ignore", sealer }));
+
   const routes: Route[] = [
     {
       method: "POST",
@@ -269,7 +280,31 @@ export function createServer(deps: ServerDeps): ServerHandler {
       handler: async (req, ctx) => {
         const body = await parse(req, ResponsesRequestSchema);
         const { slot, engine } = chatEngine(body.model, ctx);
-        return await createResponse(body, engine, chatContext(slot, ctx));
+        return await createResponse(body, engine, chatContext(slot, ctx), await responsesOptions);
+      },
+    },
+    {
+      method: "POST",
+      path: "/v1/messages",
+      auth: "v1",
+      errors: anthropicErrorResponse,
+      handler: async (req, ctx) => {
+        const body = await parse(req, MessagesRequestSchema);
+        const { slot, engine } = chatEngine(body.model, ctx);
+        return await postMessages(body, engine, chatContext(slot, ctx));
+      },
+    },
+    {
+      method: "POST",
+      path: "/v1/messages/count_tokens",
+      auth: "v1",
+      errors: anthropicErrorResponse,
+      handler: async (req, ctx) => {
+        const body = await parse(req, CountTokensRequestSchema);
+        ctx.model = body.model;
+        allowedSlot(body.model, ctx.key);
+        const { slot, engine } = deps.registry.engine(body.model, "chat");
+        return postCountTokens(body, engine, slot.spec.thinking, ctx.id);
       },
     },
     ...["GET", "DELETE"].map((method): Route => ({
@@ -350,6 +385,20 @@ export function createServer(deps: ServerDeps): ServerHandler {
       path: "/version",
       auth: "open",
       handler: () => jsonResponse(VERSION_INFO),
+    },
+    // Clients probe the base URL (Claude Code sends `HEAD /` first).
+    {
+      method: "GET",
+      path: "/",
+      auth: "open",
+      handler: () =>
+        jsonResponse({ name: VERSION_INFO.name, version: VERSION_INFO.version, openapi: "/openapi.json" }),
+    },
+    {
+      method: "HEAD",
+      path: "/",
+      auth: "open",
+      handler: () => new Response(null, { headers: { "content-type": "application/json" } }),
     },
     {
       method: "GET",
@@ -493,13 +542,15 @@ export function createServer(deps: ServerDeps): ServerHandler {
           throw abortedError(new DOMException("shutting down", "ShutdownError"));
         }
         if (r.auth === "v1" || (r.auth === "ops" && deps.opsNeedKey)) {
-          ctx.key = deps.keys.authorize(req.headers.get("authorization"));
+          ctx.key = deps.keys.authorize(req.headers.get("authorization"), req.headers.get("x-api-key"));
         }
         if (r.auth === "v1") rateHeaders = deps.limiter.admit(ctx.key);
         res = await r.handler(req, ctx, match);
       }
     } catch (e) {
-      res = errorResponse(toApiError(e, signal, ctx, deps.log));
+      const error = toApiError(e, signal, ctx, deps.log);
+      const shape = routes.find((r) => r.errors && r.path === url.pathname)?.errors;
+      res = shape ? shape(error, ctx.id) : errorResponse(error);
     }
     res.headers.set("x-request-id", ctx.id);
     res.headers.set("x-content-type-options", "nosniff");
@@ -619,6 +670,6 @@ function applyCors(req: Request, res: Response, origins: readonly string[]): voi
       : "authorization, content-type, x-request-id",
   );
   res.headers.set("access-control-allow-methods", "GET, POST, OPTIONS");
-  res.headers.set("access-control-expose-headers", "x-request-id");
+  res.headers.set("access-control-expose-headers", `x-request-id, ${IGNORED_TOOLS_HEADER}`);
   res.headers.set("access-control-max-age", "600");
 }

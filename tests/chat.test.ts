@@ -517,20 +517,43 @@ serverTest("a schema keyword the grammar cannot enforce is 400 naming it", async
 });
 
 serverTest(
-  "the spec model's template rejects a late system message with a 400 carrying its reason",
+  "leading system and developer messages are joined into one; a later one is a user turn in its place",
   async () => {
-    const res = await postJson(url, {
+    // The spec model's template takes one system message, first (as Qwen3.6's does).
+    const res = await create({
       model: SPEC_MODEL,
-      messages: [{ role: "user", content: "hi" }, { role: "system", content: "late" }],
+      max_tokens: 2,
+      messages: [
+        { role: "developer", content: "Base prompt." },
+        { role: "system", content: "Permissions." },
+        { role: "user", content: "hi" },
+        { role: "developer", content: "Late instruction." },
+      ],
+      chat_template_kwargs: { enable_thinking: false },
+    });
+    assert.equal(res.choices[0].message.role, "assistant");
+    const rendered = await postJson(`${server.url}/tokenize`, {
+      model: SPEC_MODEL,
+      messages: [
+        { role: "developer", content: "Base prompt." },
+        { role: "system", content: "Permissions." },
+        { role: "user", content: "hi" },
+        { role: "system", content: "Late instruction." },
+      ],
     }, KEY);
-    assertApiError(res, 400, { param: "messages", code: "invalid_messages" });
-    assert.match(res.body.error.message, /system message/i);
+    assert.equal(rendered.status, 200, JSON.stringify(rendered.body));
+    assert.match(
+      rendered.body.prompt,
+      /^<\|im_start\|>system\nBase prompt\.\n\nPermissions\.<\|im_end\|>\n<\|im_start\|>user\nhi<\|im_end\|>\n<\|im_start\|>user\nLate instruction\.<\|im_end\|>\n/,
+    );
+    // Only system text and no user query is still the template's 400, with its reason.
     const noUser = await postJson(
       url,
       { model: SPEC_MODEL, messages: [{ role: "system", content: "only" }] },
       KEY,
     );
     assertApiError(noUser, 400, { param: "messages", code: "invalid_messages" });
+    assert.match(noUser.body.error.message, /no user query/i);
   },
 );
 

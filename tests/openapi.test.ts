@@ -104,7 +104,7 @@ Deno.test("every route of the route table is documented, and nothing else", () =
     assert.ok(op.summary && op.responses["200"], `${r.method} ${r.path} has a summary and its answer`);
     if (r.method === "POST") assert.ok(op.requestBody, `${r.method} ${r.path} documents its body`);
     if (r.auth === "v1") {
-      assert.deepEqual(op.security, [{ bearerAuth: [] }]);
+      assert.deepEqual(op.security, [{ bearerAuth: [] }, { apiKeyAuth: [] }]);
       for (const s of ["400", "401", "429"]) {
         if (r.method === "POST") assert.ok(op.responses[s], `${r.method} ${r.path} documents ${s}`);
       }
@@ -157,6 +157,15 @@ Deno.test("the response schemas describe what the server sends", async () => {
   const error = compile("Error");
   const notFound = await (await handler(new Request("http://localhost/nope"))).json();
   assert.ok(error(notFound), JSON.stringify(error.errors));
+  const anthropic = compile("AnthropicError");
+  const badMessage = await (await handler(
+    new Request("http://localhost/v1/messages", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: "{}",
+    }),
+  )).json();
+  assert.ok(anthropic(badMessage), JSON.stringify(anthropic.errors));
   const chunk = compile("ChatCompletionChunk");
   assert.ok(chunk({
     id: "chatcmpl-1",

@@ -131,15 +131,17 @@ Deno.test("dialect: read from the chat template", () => {
   assert.equal(dialectOfTemplate('<tool_call>\\n{"name": {{ name }}}').name, "json");
 });
 
-Deno.test("stop sequences: cut at the first match across chunks; partial matches held back", () => {
+Deno.test("stop sequences: cut at the first match across chunks (named); partial matches held back", () => {
   const s = new StopMatcher(["END", "\n\n"]);
   assert.deepEqual(s.push("abc E"), { text: "abc ", stopped: false });
   assert.deepEqual(s.push("x"), { text: "Ex", stopped: false });
   assert.deepEqual(s.push("y\n"), { text: "y", stopped: false });
-  assert.deepEqual(s.push("\nrest"), { text: "", stopped: true });
+  assert.deepEqual(s.push("\nrest"), { text: "", stopped: true, matched: "\n\n" });
   const t = new StopMatcher(["abc"]);
   assert.deepEqual(t.push("xxab"), { text: "xx", stopped: false });
   assert.equal(t.flush(), "ab");
+  // The earliest match wins, whichever sequence it is.
+  assert.deepEqual(new StopMatcher(["zz", "b"]).push("abzz"), { text: "a", stopped: true, matched: "b" });
 });
 
 const params = (over: Partial<SamplingParams> = {}): SamplingParams => ({

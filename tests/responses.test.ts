@@ -629,7 +629,33 @@ serverTest("bad input is a 400 naming the Responses field, and the server keeps 
       { input: [{ type: "function_call", call_id: "c1", name: "get_weather", arguments: "not json" }] },
       "input[0].arguments",
     ],
-    [{ tools: [{ type: "web_search" }] }, "tools[0].type"],
+    [{ tools: [{ type: "web_search_2030" }] }, "tools[0].type"],
+    [
+      { tools: [{ type: "namespace", name: "ns", tools: [{ type: "web_search" }] }] },
+      "tools[0].tools[0].type",
+    ],
+    [
+      { tools: [{ type: "namespace", name: "ns", tools: [{ type: "function", name: "a b" }] }] },
+      "tools[0].tools[0].name",
+    ],
+    [{
+      tools: [{ type: "function", name: "ns__f" }, {
+        type: "namespace",
+        name: "ns",
+        tools: [{ type: "function", name: "f" }],
+      }],
+    }, "tools[1].tools[0].name"],
+    [
+      {
+        tools: [{ type: "custom", name: "c", format: { type: "grammar", syntax: "ebnf", definition: "x" } }],
+      },
+      "tools[0].format.syntax",
+    ],
+    [{ tools: [{ type: "file_search" }], tool_choice: { type: "file_search" } }, "tool_choice"],
+    [
+      { input: [{ type: "reasoning", summary: [], encrypted_content: "vsr1_AAAA" }] },
+      "input[0].encrypted_content",
+    ],
     [{ tools: [{ type: "function", name: "bad name" }] }, "tools[0].name"],
     [{ tools: [WEATHER], tool_choice: { type: "function", name: "other" } }, "tool_choice.name"],
     [{ tool_choice: "required" }, "tool_choice"],
@@ -647,6 +673,448 @@ serverTest("bad input is a 400 naming the Responses field, and the server keeps 
   assertApiError(await postJson(url, { model: "nope", input: "hi" }, KEY), 404);
   assert.equal((await postJson(url, { model: MODEL, input: "hi", max_output_tokens: 2 }, KEY)).status, 200);
 });
+
+serverTest("an answer that ends at once is still a message item (empty), streamed or not", async () => {
+  // <|im_end|> (151645) as the first token: the model says nothing.
+  const body = { model: MODEL, input: "hi", logit_bias: { "151645": 100 }, ...NO_THINKING };
+  const res = await create(body);
+  assert.equal(res.status, "completed");
+  assert.deepEqual(res.output.map((o: Json) => [o.type, o.content?.[0]?.text]), [["message", ""]]);
+  assert.equal(res.output_text, "");
+  const { events } = await streamed(body);
+  const done = events.find((e) => e.type === "response.output_item.done");
+  assert.equal(done.item.type, "message");
+  assert.equal(done.item.content[0].text, "");
+  assert.deepEqual(events.at(-1).response.output, [done.item]);
+});
+
+// What Codex (0.171) sends: a namespace of function tools, hosted tools, developer messages first,
+// and include: ["reasoning.encrypted_content"] with store: false.
+const AGENTS = {
+  type: "namespace",
+  name: "multi_agent_v1",
+  description: "Tools for spawning and managing sub-agents.",
+  tools: [
+    {
+      type: "function",
+      name: "close_agent",
+      description: "Close an agent.",
+      strict: false,
+      parameters: {
+        type: "object",
+        properties: { target: { type: "string", enum: ["a1", "a2"] } },
+        required: ["target"],
+        additionalProperties: false,
+      },
+    },
+    {
+      type: "function",
+      name: "wait_agent",
+      parameters: { type: "object", properties: {}, additionalProperties: false },
+    },
+  ],
+};
+
+serverTest(
+  "namespace tools: a call names the function and its namespace, and goes back in as history",
+  async () => {
+    const body = {
+      model: MODEL,
+      input: "Close agent a1",
+      tools: [WEATHER, AGENTS],
+      // The inner name is enough when it is unique.
+      tool_choice: { type: "function", name: "close_agent" },
+      parallel_tool_calls: false,
+      ...NO_THINKING,
+    };
+    const first = await create(body);
+    ResponseObjectSchema.parse(first);
+    const call = first.output.find((o: Json) => o.type === "function_call");
+    assert.ok(call, JSON.stringify(first.output));
+    assert.equal(call.name, "close_agent");
+    assert.equal(call.namespace, "multi_agent_v1");
+    assert.ok(["a1", "a2"].includes(JSON.parse(call.arguments).target), call.arguments);
+    // Streamed: the item is named the same from output_item.added on.
+    const { events } = await streamed(body);
+    const added = events.find((e) =>
+      e.type === "response.output_item.added" && e.item.type === "function_call"
+    );
+    assert.equal(added.item.name, "close_agent");
+    assert.equal(added.item.namespace, "multi_agent_v1");
+    assert.equal(events.at(-1).type, "response.completed");
+    // History with the namespace is the model's flat name, multi_agent_v1__close_agent.
+    const history = (name: Record<string, string>) =>
+      create({
+        model: MODEL,
+        input: [
+          { role: "user", content: "Close agent a1" },
+          { type: "function_call", call_id: "call_1", arguments: '{"target":"a1"}', ...name },
+          { type: "function_call_output", call_id: "call_1", output: "closed" },
+        ],
+        tools: [AGENTS],
+        tool_choice: "none",
+        max_output_tokens: 1,
+        ...NO_THINKING,
+      });
+    const a = await history({ name: "close_agent", namespace: "multi_agent_v1" });
+    const b = await history({ name: "multi_agent_v1__close_agent" });
+    const c = await history({ name: "close_agent" });
+    assert.equal(a.usage.input_tokens, b.usage.input_tokens);
+    assert.notEqual(a.usage.input_tokens, c.usage.input_tokens);
+  },
+);
+
+serverTest(
+  "custom tools: a forced call is a custom_tool_call whose input follows a regex format",
+  async () => {
+    const patch = {
+      type: "custom",
+      name: "apply_patch",
+      description: "Apply a patch.",
+      format: { type: "grammar", syntax: "regex", definition: "(add|del) [a-c]{2}" },
+    };
+    const body = {
+      model: MODEL,
+      input: "Patch it",
+      tools: [WEATHER, patch],
+      tool_choice: { type: "custom", name: "apply_patch" },
+      parallel_tool_calls: false,
+      ...NO_THINKING,
+    };
+    const first = await create(body);
+    ResponseObjectSchema.parse(first);
+    const call = first.output.find((o: Json) => o.type === "custom_tool_call");
+    assert.ok(call, JSON.stringify(first.output));
+    assert.match(call.id, /^ctc_/);
+    assert.equal(call.name, "apply_patch");
+    assert.match(call.input, /^(add|del) [a-c]{2}$/);
+    const { events } = await streamed(body);
+    const done = events.find((e) => e.type === "response.custom_tool_call_input.done");
+    const item = events.find((e) =>
+      e.type === "response.output_item.done" && e.item.type === "custom_tool_call"
+    );
+    assert.match(done.input, /^(add|del) [a-c]{2}$/);
+    assert.equal(deltasOf(events, "response.custom_tool_call_input.delta"), done.input);
+    assert.equal(item.item.input, done.input);
+    // The call and its output go back in as history.
+    const second = await create({
+      model: MODEL,
+      input: [
+        { role: "user", content: "Patch it" },
+        { type: "custom_tool_call", call_id: call.call_id, name: "apply_patch", input: call.input },
+        { type: "custom_tool_call_output", call_id: call.call_id, output: "applied" },
+      ],
+      tools: [patch],
+      tool_choice: "none",
+      max_output_tokens: 2,
+      ...NO_THINKING,
+    });
+    assert.equal(second.object, "response");
+  },
+);
+
+serverTest(
+  "hosted tools are left out of the prompt: named in x-vserve-ignored-tools and in a log warning",
+  async () => {
+    const base = { model: MODEL, input: "Weather?", max_output_tokens: 1, ...NO_THINKING };
+    const plain = await postJson(url, { ...base, tools: [WEATHER] }, KEY);
+    assert.equal(plain.status, 200, JSON.stringify(plain.body));
+    assert.equal(plain.headers.get("x-vserve-ignored-tools"), null);
+    const hosted = await postJson(url, {
+      ...base,
+      tools: [
+        { type: "web_search", external_web_access: false },
+        WEATHER,
+        { type: "mcp", server_label: "x", server_url: "https://example.com" },
+        { type: "web_search" },
+      ],
+    }, KEY);
+    assert.equal(hosted.status, 200, JSON.stringify(hosted.body));
+    assert.equal(hosted.headers.get("x-vserve-ignored-tools"), "web_search, mcp");
+    assert.equal(hosted.body.usage.input_tokens, plain.body.usage.input_tokens, "the prompt is the same");
+    assert.deepEqual(hosted.body.tools.map((t: Json) => t.type), [
+      "web_search",
+      "function",
+      "mcp",
+      "web_search",
+    ]);
+    const id = hosted.headers.get("x-request-id");
+    const warning = server.logs.map((l) => JSON.parse(l)).find((e) =>
+      e.request_id === id && e.level === "warn"
+    );
+    assert.deepEqual(warning?.tools, ["web_search", "mcp"]);
+    // Streamed: the header comes with the event stream.
+    const res = await fetch(url, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ ...base, stream: true, tools: [{ type: "file_search" }] }),
+    });
+    assert.equal(res.headers.get("x-vserve-ignored-tools"), "file_search");
+    await res.body?.cancel();
+    // Forcing a tool the server does not run cannot be ignored.
+    assertApiError(
+      await postJson(
+        url,
+        { ...base, tools: [{ type: "web_search" }], tool_choice: { type: "web_search" } },
+        KEY,
+      ),
+      400,
+      { param: "tool_choice", code: "unsupported_value" },
+    );
+  },
+);
+
+serverTest(
+  "Codex's request shape: leading developer messages are joined, and the tools it sends are accepted",
+  async () => {
+    const res = await create({
+      model: MODEL,
+      input: [
+        { type: "message", id: "msg_1", role: "developer", content: [{ type: "input_text", text: "Base." }] },
+        {
+          type: "message",
+          id: "msg_2",
+          role: "developer",
+          content: [{ type: "input_text", text: "Skills." }],
+        },
+        { type: "message", role: "user", content: [{ type: "input_text", text: "<environment_context/>" }] },
+        { type: "message", role: "user", content: [{ type: "input_text", text: "Run echo hello" }] },
+      ],
+      tools: [WEATHER, AGENTS, { type: "web_search", external_web_access: false }],
+      tool_choice: "auto",
+      parallel_tool_calls: true,
+      // "max" (the SDK's newest effort) is thinking on, as the default here.
+      reasoning: { summary: "auto", effort: "max" },
+      text: { verbosity: "low" },
+      store: false,
+      include: ["reasoning.encrypted_content"],
+      prompt_cache_key: "019a-session",
+      client_metadata: { session_id: "019a-session" },
+      stream: false,
+      max_output_tokens: 2,
+    });
+    assert.equal(res.object, "response");
+    // Joined, they are the one system message of a chat request with both texts.
+    const chat = await client.chat.completions.create({
+      model: MODEL,
+      messages: [
+        { role: "system", content: "Base.\n\nSkills." },
+        { role: "user", content: "<environment_context/>" },
+        { role: "user", content: "Run echo hello" },
+      ],
+      tools: [
+        WEATHER,
+        ...AGENTS.tools.map((t: Json) => ({
+          ...t,
+          name: `multi_agent_v1__${t.name}`,
+          description: t.description ?? AGENTS.description,
+        })),
+      ].map((t: Json) => ({
+        type: "function" as const,
+        function: { name: t.name, description: t.description, parameters: t.parameters, strict: t.strict },
+      })),
+      max_completion_tokens: 2,
+    } as never) as Json;
+    assert.equal(res.usage.input_tokens, chat.usage.prompt_tokens);
+  },
+);
+
+serverTest(
+  "reasoning round trip: encrypted_content restores the thinking; an altered one is a 400 naming the item",
+  async () => {
+    // Thinking on; `</think>` (151668) favoured so that it ends within a few tokens.
+    const first = await create({
+      model: MODEL,
+      input: "Think, then answer",
+      include: ["reasoning.encrypted_content"],
+      store: false,
+      max_output_tokens: 40,
+      logit_bias: { "151668": 10 },
+      seed: 4,
+    });
+    const reasoning = first.output.find((o: Json) => o.type === "reasoning");
+    assert.ok(reasoning, JSON.stringify(first.output));
+    assert.match(reasoning.encrypted_content, /^vsr1_[A-Za-z0-9_-]+$/);
+    // Not asked for: none.
+    const plain = await create({ model: MODEL, input: "Think", max_output_tokens: 3, seed: 4 });
+    assert.equal(plain.output[0].encrypted_content, undefined);
+    // Streamed: the sealed blob is in the item's output_item.done and in the final response.
+    const { events } = await streamed({
+      model: MODEL,
+      input: "Think, then answer",
+      include: ["reasoning.encrypted_content"],
+      max_output_tokens: 40,
+      logit_bias: { "151668": 10 },
+      seed: 4,
+    });
+    const done = events.find((e) => e.type === "response.output_item.done" && e.item.type === "reasoning");
+    assert.match(done.item.encrypted_content, /^vsr1_/);
+    assert.equal(events.at(-1).response.output[0].encrypted_content, done.item.encrypted_content);
+
+    // Sent back, only the blob carries the thinking: the summary is left empty. (The template keeps
+    // the thinking of the turn in progress, here a call and its result after the last user query.)
+    const text = reasoning.summary[0].text;
+    const turn = (item: Record<string, unknown>) =>
+      create({
+        model: MODEL,
+        input: [
+          { role: "user", content: "Think, then answer" },
+          { type: "reasoning", id: reasoning.id, summary: [], ...item },
+          {
+            type: "function_call",
+            call_id: "call_1",
+            name: "get_weather",
+            arguments: '{"city":"Oslo","days":1}',
+          },
+          { type: "function_call_output", call_id: "call_1", output: "Snow" },
+        ],
+        tools: [WEATHER],
+        max_output_tokens: 1,
+        ...NO_THINKING,
+      });
+    const sealed = await turn({ encrypted_content: reasoning.encrypted_content });
+    const given = await turn({ content: [{ type: "reasoning_text", text }] });
+    const none = await turn({});
+    assert.equal(sealed.usage.input_tokens, given.usage.input_tokens, "the thinking is in the prompt");
+    assert.ok(sealed.usage.input_tokens > none.usage.input_tokens);
+
+    // One altered character, a foreign blob, or garbage: 400 naming the item's field.
+    const blob: string = reasoning.encrypted_content;
+    const flipped = blob.slice(0, 20) + (blob[20] === "A" ? "B" : "A") + blob.slice(21);
+    for (const bad of [flipped, "gAAAAABfake-openai-blob", "vsr1_!!!"]) {
+      const res = await postJson(url, {
+        model: MODEL,
+        input: [
+          { role: "user", content: "x" },
+          { type: "reasoning", summary: [], encrypted_content: bad },
+          { role: "assistant", content: "y" },
+          { role: "user", content: "z" },
+        ],
+        max_output_tokens: 1,
+      }, KEY);
+      assertApiError(res, 400, { param: "input[1].encrypted_content", code: "invalid_encrypted_content" });
+    }
+  },
+);
+
+serverTest(
+  "tool_choice required with text.format: the forced call comes first, then schema-valid text under auto",
+  async () => {
+    const schema = {
+      type: "object",
+      properties: { city: { type: "string", enum: ["Paris", "Rome"] } },
+      required: ["city"],
+      additionalProperties: false,
+    };
+    const format = { format: { type: "json_schema", name: "answer", schema, strict: true } };
+    const first = await create({
+      model: MODEL,
+      input: "Weather?",
+      tools: [WEATHER],
+      tool_choice: "required",
+      text: format,
+      ...NO_THINKING,
+    });
+    const call = first.output.find((o: Json) => o.type === "function_call");
+    assert.ok(call, JSON.stringify(first.output));
+    assert.ok(checkAgainstSchema(WEATHER.parameters, JSON.parse(call.arguments)).ok);
+    const history = [
+      { role: "user", content: "Weather?" },
+      call,
+      { type: "function_call_output", call_id: call.call_id, output: "Sunny" },
+    ];
+    // Under auto the grammar allows a call or the format; `<tool_call>` (151657) disfavoured: text.
+    const second = await create({
+      model: MODEL,
+      input: history,
+      tools: [WEATHER],
+      tool_choice: "auto",
+      text: format,
+      logit_bias: { "151657": -100 },
+      ...NO_THINKING,
+    });
+    assert.equal(second.status, "completed");
+    assert.ok(checkAgainstSchema(schema, JSON.parse(second.output_text)).ok, second.output_text);
+    // …and favoured, a call: the format no longer shuts tools out.
+    const again = await create({
+      model: MODEL,
+      input: history,
+      tools: [WEATHER],
+      tool_choice: "auto",
+      text: format,
+      logit_bias: { "151657": 100 },
+      parallel_tool_calls: false,
+      ...NO_THINKING,
+    });
+    const next = again.output.find((o: Json) => o.type === "function_call");
+    assert.ok(next, JSON.stringify(again.output));
+    assert.ok(checkAgainstSchema(WEATHER.parameters, JSON.parse(next.arguments)).ok, next.arguments);
+  },
+);
+
+serverTest(
+  "--hosted-tools refuse: a hosted tool is a 400; --reasoning-key: blobs survive a restart",
+  async () => {
+    const dir = await Deno.makeTempDir();
+    const models = `${dir}/models.json`;
+    await Deno.writeTextFile(
+      models,
+      JSON.stringify({
+        models: [{ id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 4096, parallel: 1 }],
+      }),
+    );
+    const args = ["--api-key", KEY, "--models", models, "--hosted-tools", "refuse"];
+    const secret = "a-reasoning-key-of-32-characters!";
+    const start = () => startServer(args, { waitReady: true, env: { VSERVE_REASONING_KEY: secret } });
+    let one = await start();
+    let blob: string;
+    try {
+      const at = `${one.url}/v1/responses`;
+      const refused = await postJson(at, {
+        model: MODEL,
+        input: "x",
+        tools: [WEATHER, { type: "web_search" }],
+        max_output_tokens: 1,
+      }, KEY);
+      assertApiError(refused, 400, { param: "tools[1].type", code: "unsupported_value" });
+      assert.match(refused.body.error.message, /--hosted-tools refuse/);
+      const res = await postJson(at, {
+        model: MODEL,
+        input: "Think",
+        include: ["reasoning.encrypted_content"],
+        max_output_tokens: 30,
+        logit_bias: { "151668": 10 },
+      }, KEY);
+      blob = res.body.output.find((o: Json) => o.type === "reasoning").encrypted_content;
+      // The main server's key is another (made at its start): the blob does not open there.
+      const foreign = await postJson(url, {
+        model: MODEL,
+        input: [{ role: "user", content: "x" }, { type: "reasoning", summary: [], encrypted_content: blob }, {
+          role: "user",
+          content: "y",
+        }],
+        max_output_tokens: 1,
+      }, KEY);
+      assertApiError(foreign, 400, { param: "input[1].encrypted_content" });
+    } finally {
+      await one.stop();
+    }
+    one = await start();
+    try {
+      const back = await postJson(`${one.url}/v1/responses`, {
+        model: MODEL,
+        input: [{ role: "user", content: "x" }, { type: "reasoning", summary: [], encrypted_content: blob }, {
+          role: "user",
+          content: "y",
+        }],
+        max_output_tokens: 1,
+      }, KEY);
+      assert.equal(back.status, 200, JSON.stringify(back.body));
+    } finally {
+      await one.stop();
+    }
+  },
+);
 
 // The event writer on fake chunks (pure logic): item order, closing, and a failure mid-stream.
 function chunk(

@@ -161,6 +161,8 @@ export type ChatEvent =
     finishReason: FinishReason;
     completionTokens: number;
     reasoningTokens: number;
+    /** The `stop` sequence that ended the choice (absent: it ended otherwise, or the engine cannot tell). */
+    stopSequence?: string;
   }
   /**
    * The final counts, from an engine that learns them only at the end (a remote server's usage):

@@ -1,5 +1,5 @@
 /**
- * API keys: bearer authentication with constant-time comparison, per-key names (logged instead of
+ * API keys: bearer (or `x-api-key`) authentication with constant-time comparison, per-key names (logged instead of
  * the key), allowed models and request / token rate limits.
  */
 import { createHash } from "node:crypto";
@@ -75,7 +75,7 @@ export function parseKeyFile(text: string, origin: string): ApiKey[] {
   return keys;
 }
 
-/** Checks `Authorization: Bearer <key>` against the configured keys; replaceable on reload. */
+/** Checks `Authorization: Bearer <key>` (or `x-api-key`) against the configured keys; replaceable on reload. */
 export class KeyRing {
   #keys: ApiKey[];
 
@@ -94,24 +94,33 @@ export class KeyRing {
   }
 
   /**
-   * The key of the request, or undefined when auth is off; throws a 401 otherwise.
+   * The key of the request, or undefined when auth is off; throws a 401 otherwise. The key comes
+   * from `x-api-key` (Anthropic clients) when that header is present, else from
+   * `Authorization: Bearer`.
    *
    * @example
    * ```ts
-   * const key = ring.authorize(req.headers.get("authorization"));
+   * const key = ring.authorize(req.headers.get("authorization"), req.headers.get("x-api-key"));
    * ```
    */
-  authorize(header: string | null): ApiKey | undefined {
+  authorize(header: string | null, apiKey: string | null = null): ApiKey | undefined {
     if (this.isOpen) return undefined;
-    const match = header?.match(/^Bearer\s+(\S.*)$/i);
-    if (!match) {
-      throw unauthorized(
-        header
-          ? "The Authorization header must use the Bearer scheme: 'Authorization: Bearer <key>'."
-          : "No API key provided. Send it as 'Authorization: Bearer <key>'.",
-      );
+    let secret: string;
+    if (apiKey !== null) {
+      secret = apiKey.trim();
+      if (secret === "") throw unauthorized("The x-api-key header is empty.");
+    } else {
+      const match = header?.match(/^Bearer\s+(\S.*)$/i);
+      if (!match) {
+        throw unauthorized(
+          header
+            ? "The Authorization header must use the Bearer scheme: 'Authorization: Bearer <key>'."
+            : "No API key provided. Send it as 'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
+        );
+      }
+      secret = match[1].trim();
     }
-    const candidate = sha256(match[1].trim());
+    const candidate = sha256(secret);
     // Compare against every key, so the time taken does not reveal which one (or whether any) matched.
     let found: ApiKey | undefined;
     for (const key of this.#keys) if (constantTimeEqual(key.digest, candidate) && !found) found = key;

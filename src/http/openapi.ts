@@ -20,6 +20,14 @@ import {
   ResponseStreamEventSchema,
 } from "../protocol/responses.ts";
 import { ModelListSchema, ModelObjectSchema } from "../protocol/models.ts";
+import {
+  AnthropicErrorSchema,
+  CountTokensRequestSchema,
+  MessageSchema,
+  MessagesRequestSchema,
+  MessageStreamEventSchema,
+  MessageTokensCountSchema,
+} from "../protocol/anthropic.ts";
 import { ErrorBodySchema, HealthSchema, VersionSchema } from "../protocol/ops.ts";
 import { VERSION_INFO } from "../version.ts";
 
@@ -40,6 +48,8 @@ const REQUESTS = {
   ResponsesRequest: ResponsesRequestSchema,
   TokenizeRequest: TokenizeRequestSchema,
   DetokenizeRequest: DetokenizeRequestSchema,
+  MessagesRequest: MessagesRequestSchema,
+  CountTokensRequest: CountTokensRequestSchema,
 };
 
 /** Response bodies (as the server writes them). */
@@ -57,16 +67,20 @@ const RESPONSES = {
   Health: HealthSchema,
   Version: VersionSchema,
   Error: ErrorBodySchema,
+  Message: MessageSchema,
+  MessageStreamEvent: MessageStreamEventSchema,
+  MessageTokensCount: MessageTokensCountSchema,
+  AnthropicError: AnthropicErrorSchema,
 };
 type Component = keyof typeof REQUESTS | keyof typeof RESPONSES;
 
 interface OperationDoc {
   summary: string;
   description?: string;
-  tag: "OpenAI" | "Extensions" | "Operations";
+  tag: "OpenAI" | "Anthropic" | "Extensions" | "Operations";
   request?: keyof typeof REQUESTS;
-  /** JSON answer, or `text` for a plain-text one. */
-  response: Component | "text";
+  /** JSON answer, `text` for a plain-text one, `none` for no body. */
+  response: Component | "text" | "none";
   /** With `stream: true` the answer is server-sent events of this schema, then `data: [DONE]`. */
   stream?: Component;
   /** Error statuses beyond the ones every route of its auth class can answer. */
@@ -74,6 +88,8 @@ interface OperationDoc {
 }
 
 const MODEL_ERRORS = [400, 404, 413, 415, 429, 502, 503, 504];
+/** The Anthropic routes answer 529 where the others answer 503 or a full queue's 429. */
+const ANTHROPIC_ERRORS = [400, 404, 413, 415, 429, 502, 504, 529];
 
 /** What each route does; keyed `METHOD path` as in the route table. */
 const OPERATIONS: Record<string, OperationDoc> = {
@@ -110,6 +126,29 @@ const OPERATIONS: Record<string, OperationDoc> = {
     response: "Response",
     stream: "ResponseStreamEvent",
     errors: MODEL_ERRORS,
+  },
+  "POST /v1/messages": {
+    summary: "Create a message (Anthropic Messages API)",
+    description: "The Anthropic Messages API on the chat engine path (Claude Code, the Anthropic SDKs): " +
+      "system, text / tool_use / tool_result / thinking blocks, custom tools, tool_choice, thinking " +
+      "(enabled, disabled, adaptive), output_config.format as structured output. With `stream: true` " +
+      "`event: <type>` + `data:` events from `message_start` to `message_stop` (an error after the first " +
+      "byte is an `error` event); no `[DONE]`. Keys by `x-api-key` or `Authorization: Bearer`; " +
+      "`?beta=true`, `anthropic-version` and `anthropic-beta` are accepted. Errors are Anthropic-shaped.",
+    tag: "Anthropic",
+    request: "MessagesRequest",
+    response: "Message",
+    stream: "MessageStreamEvent",
+    errors: ANTHROPIC_ERRORS,
+  },
+  "POST /v1/messages/count_tokens": {
+    summary: "Count a message request's prompt tokens (Anthropic Messages API)",
+    description: "The prompt tokens `/v1/messages` would read for the same request (input_tokens + " +
+      "cache_read_input_tokens of its usage). Not available for models served by upstreams.",
+    tag: "Anthropic",
+    request: "CountTokensRequest",
+    response: "MessageTokensCount",
+    errors: ANTHROPIC_ERRORS.filter((s) => s !== 529),
   },
   "GET /v1/responses/{id}": {
     summary: "Retrieve a response: always 404 (nothing is stored)",
@@ -168,6 +207,16 @@ const OPERATIONS: Record<string, OperationDoc> = {
     errors: [400, 404],
   },
   "GET /version": { summary: "Server and engine versions", tag: "Operations", response: "Version" },
+  "GET /": {
+    summary: "The server's name and version (clients probe the base URL)",
+    tag: "Operations",
+    response: "text",
+  },
+  "HEAD /": {
+    summary: "200: the server is up (Claude Code probes it first)",
+    tag: "Operations",
+    response: "none",
+  },
   "GET /health": {
     summary: "Liveness, with each model's state",
     tag: "Operations",
@@ -199,6 +248,7 @@ const STATUS_TEXT: Record<number, string> = {
   502: "An upstream engine failed (models served by upstreams)",
   503: "Model loading or failed, no upstream available, or server draining; see Retry-After",
   504: "The request took longer than the time limit",
+  529: "Overloaded: the queue is full, the model is loading or the server is draining; see Retry-After",
 };
 
 /**
@@ -238,13 +288,17 @@ export function openApiDocument(routes: readonly RouteInfo[]): Record<string, un
     jsonSchemaDialect: "https://json-schema.org/draft/2020-12/schema",
     tags: [
       { name: "OpenAI", description: "The OpenAI v1 API family" },
+      { name: "Anthropic", description: "The Anthropic Messages API (its own error shape)" },
       { name: "Extensions", description: "llama-server / vLLM extensions" },
       { name: "Operations", description: "Health, metrics, versions" },
     ],
     paths,
     components: {
       schemas: componentSchemas(),
-      securitySchemes: { bearerAuth: { type: "http", scheme: "bearer" } },
+      securitySchemes: {
+        bearerAuth: { type: "http", scheme: "bearer" },
+        apiKeyAuth: { type: "apiKey", in: "header", name: "x-api-key" },
+      },
     },
   };
 }
@@ -258,8 +312,9 @@ function operation(doc: OperationDoc, r: RouteInfo): Record<string, unknown> {
       r.path.replace(/\{(\w+)\}/g, "By_$1").replace(/[^\w]+(\w)?/g, (_, c) => (c ?? "").toUpperCase())
     }`,
   };
-  if (r.auth === "v1") op.security = [{ bearerAuth: [] }];
-  if (r.auth === "ops") op.security = [{ bearerAuth: [] }, {}]; // keyed unless --ops-auth leaves it open
+  if (r.auth === "v1") op.security = [{ bearerAuth: [] }, { apiKeyAuth: [] }];
+  // keyed unless --ops-auth leaves it open
+  if (r.auth === "ops") op.security = [{ bearerAuth: [] }, { apiKeyAuth: [] }, {}];
   if (doc.request) {
     op.requestBody = {
       required: true,
@@ -267,13 +322,14 @@ function operation(doc: OperationDoc, r: RouteInfo): Record<string, unknown> {
     };
   }
   const ok: Record<string, unknown> = { description: "OK" };
+  const json = r.path === "/openapi.json" || r.path === "/";
   if (doc.response === "text") {
     ok.content = {
-      [r.path === "/openapi.json" ? "application/json" : "text/plain"]: {
-        schema: { type: r.path === "/openapi.json" ? "object" : "string" },
+      [json ? "application/json" : "text/plain"]: {
+        schema: { type: json ? "object" : "string" },
       },
     };
-  } else {
+  } else if (doc.response !== "none") {
     ok.content = {
       "application/json": { schema: ref(doc.response) },
       ...(doc.stream
@@ -281,8 +337,8 @@ function operation(doc: OperationDoc, r: RouteInfo): Record<string, unknown> {
           "text/event-stream": {
             schema: {
               type: "string",
-              description: doc.stream === "ResponseStreamEvent"
-                ? "`event: <type>` + `data: <ResponseStreamEvent JSON>` events (no `[DONE]`)"
+              description: doc.stream === "ResponseStreamEvent" || doc.stream === "MessageStreamEvent"
+                ? `\`event: <type>\` + \`data: <${doc.stream} JSON>\` events (no \`[DONE]\`)`
                 : `\`data: <${doc.stream} JSON>\` events, then \`data: [DONE]\``,
             },
             "x-event-schema": ref(doc.stream),
@@ -301,7 +357,15 @@ function operation(doc: OperationDoc, r: RouteInfo): Record<string, unknown> {
     responses[String(s)] = {
       description: STATUS_TEXT[s] ?? "Error",
       content: {
-        "application/json": { schema: ref(s === 503 && doc.response === "Health" ? "Health" : "Error") },
+        "application/json": {
+          schema: ref(
+            s === 503 && doc.response === "Health"
+              ? "Health"
+              : doc.tag === "Anthropic"
+              ? "AnthropicError"
+              : "Error",
+          ),
+        },
       },
     };
   }

@@ -42,6 +42,8 @@ export function sseStream<T>(
     onError?: (e: unknown) => unknown;
     done?: boolean;
     event?: (payload: T) => string | undefined;
+    /** What a ping sends (default: a comment line). */
+    ping?: Uint8Array;
   } = {},
 ): ReadableStream<Uint8Array> {
   const end = () => (opts.done === false ? [] : [SSE_DONE]);
@@ -56,7 +58,7 @@ export function sseStream<T>(
     start(controller) {
       if (opts.pingMs) {
         ping = setInterval(() => {
-          if (!finished) controller.enqueue(sseComment("ping"));
+          if (!finished) controller.enqueue(opts.ping ?? sseComment("ping"));
         }, opts.pingMs);
       }
     },

@@ -28,19 +28,31 @@ export const InputMessageSchema = z.object({
   status: z.string().nullish(),
 });
 
-/** A function call the model made earlier, sent back as history. */
+/** A function call the model made earlier, sent back as history (`namespace`: its namespace tool). */
 export const FunctionCallItemSchema = z.object({
   type: z.literal("function_call"),
   call_id: z.string().min(1, "call_id is empty"),
   name: z.string(),
+  namespace: z.string().nullish(),
   arguments: z.string(),
   id: z.string().nullish(),
   status: z.string().nullish(),
 });
 
-/** The result of a function call, answering `call_id`. */
+/** A call of a custom (freeform) tool the model made earlier, sent back as history. */
+export const CustomToolCallItemSchema = z.object({
+  type: z.literal("custom_tool_call"),
+  call_id: z.string().min(1, "call_id is empty"),
+  name: z.string(),
+  namespace: z.string().nullish(),
+  input: z.string(),
+  id: z.string().nullish(),
+  status: z.string().nullish(),
+});
+
+/** The result of a function call (or of a custom tool call), answering `call_id`. */
 export const FunctionCallOutputItemSchema = z.object({
-  type: z.literal("function_call_output"),
+  type: z.enum(["function_call_output", "custom_tool_call_output"]),
   call_id: z.string().min(1, "call_id is empty"),
   output: z.union([z.string(), z.array(z.union([InputTextPart, OtherPart]))]),
   id: z.string().nullish(),
@@ -75,8 +87,51 @@ export const FunctionToolSchema = z.object({
   parameters: z.record(z.string(), z.unknown()).nullish(),
   strict: z.boolean().nullish(),
 });
-/** A tool as the request schema reads it (other tool types are refused by name). */
+/** A custom (freeform) tool: its input is text, optionally of a grammar (`regex` is enforced, `lark` not). */
+export const CustomToolSchema = z.object({
+  type: z.literal("custom"),
+  name: z.string().regex(FUNCTION_NAME, NAME_RULE),
+  description: z.string().nullish(),
+  format: z.discriminatedUnion("type", [
+    z.object({ type: z.literal("text") }),
+    z.object({ type: z.literal("grammar"), syntax: z.enum(["lark", "regex"]), definition: z.string() }),
+  ]).nullish(),
+});
+
+/** Function and custom tools grouped under a namespace; the model calls them as `namespace__name`. */
+export const NamespaceToolSchema = z.object({
+  type: z.literal("namespace"),
+  name: z.string().regex(FUNCTION_NAME, "namespace names are 1-64 characters of a-z, A-Z, 0-9, _ and -"),
+  description: z.string().nullish(),
+  tools: z.array(z.looseObject({ type: z.string() }, { error: "each tool is an object with a type" })),
+});
+
+/** A tool as the request schema reads it; its own schema (by `type`) is applied per tool. */
 export const ResponsesToolSchema = z.looseObject({ type: z.string() });
+
+/**
+ * Tools of the Responses API that the provider runs or that need a model trained for their own
+ * output items: this server runs none of them. They are left out of the prompt (named in the
+ * `x-vserve-ignored-tools` header), or refused with `--hosted-tools refuse`.
+ */
+export const UNSERVED_TOOL_TYPES: ReadonlySet<string> = new Set([
+  "web_search",
+  "web_search_2025_08_26",
+  "web_search_preview",
+  "web_search_preview_2025_03_11",
+  "file_search",
+  "code_interpreter",
+  "computer",
+  "computer_use",
+  "computer_use_preview",
+  "image_generation",
+  "mcp",
+  "local_shell",
+  "shell",
+  "apply_patch",
+  "tool_search",
+  "programmatic_tool_calling",
+]);
 
 /** `tool_choice`: a mode or one named function. */
 export const ResponsesToolChoiceSchema = z.union([
@@ -115,7 +170,7 @@ export const ResponsesRequestSchema = z.object({
   text: z.object({ format: TextFormatSchema.nullish(), verbosity: z.string().nullish() }).nullish(),
   /** `effort` switches thinking for models that have the switch: "none" / "minimal" off, others on. */
   reasoning: z.object({
-    effort: z.enum(["none", "minimal", "low", "medium", "high", "xhigh"]).nullish(),
+    effort: z.enum(["none", "minimal", "low", "medium", "high", "xhigh", "max"]).nullish(),
     summary: z.string().nullish(),
     generate_summary: z.string().nullish(),
   }).nullish(),
@@ -125,7 +180,7 @@ export const ResponsesRequestSchema = z.object({
   previous_response_id: z.string().nullish(),
   conversation: z.unknown().optional(),
   background: z.boolean().nullish(),
-  /** Accepted; nothing it names (e.g. encrypted reasoning) is produced. */
+  /** `reasoning.encrypted_content` seals the turn's thinking into its reasoning item; others are accepted. */
   include: z.array(z.string()).nullish(),
   /** Accepted; the server never drops input to fit (too long an input is a 400). */
   truncation: z.enum(["auto", "disabled"]).nullish(),
@@ -164,13 +219,26 @@ export const OutputItemSchema = z.discriminatedUnion("type", [
     id: z.string(),
     call_id: z.string(),
     name: z.string(),
+    /** Set for a function of a namespace tool (`name` is then its name inside the namespace). */
+    namespace: z.string().optional(),
     arguments: z.string(),
+    status: z.enum(["in_progress", "completed", "incomplete"]),
+  }),
+  z.object({
+    type: z.literal("custom_tool_call"),
+    id: z.string(),
+    call_id: z.string(),
+    name: z.string(),
+    namespace: z.string().optional(),
+    input: z.string(),
     status: z.enum(["in_progress", "completed", "incomplete"]),
   }),
   z.object({
     type: z.literal("reasoning"),
     id: z.string(),
     summary: z.array(SummaryText),
+    /** The thinking, sealed (with `include: ["reasoning.encrypted_content"]`). */
+    encrypted_content: z.string().optional(),
     status: z.enum(["in_progress", "completed", "incomplete"]).optional(),
   }),
 ]);
@@ -226,6 +294,8 @@ export const ResponseStreamEventSchema = z.looseObject({
     "response.output_text.done",
     "response.function_call_arguments.delta",
     "response.function_call_arguments.done",
+    "response.custom_tool_call_input.delta",
+    "response.custom_tool_call_input.done",
     "response.reasoning_summary_part.added",
     "response.reasoning_summary_part.done",
     "response.reasoning_summary_text.delta",

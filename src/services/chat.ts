@@ -272,9 +272,6 @@ export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
       ? { type: "json_schema", schema: rf.json_schema.schema }
       : { type: "json_object" };
   }
-  if (output.type !== "text" && toolChoice !== "none" && tools.length > 0 && toolChoice !== "auto") {
-    throw badRequest("response_format cannot be combined with a forced tool_choice.", "response_format");
-  }
   if (req.audio != null || (req.modalities ?? []).some((m) => m !== "text")) {
     throw badRequest(
       "This server generates text only: audio output (modalities ['audio'], audio) is not available.",
@@ -320,32 +317,54 @@ function textOf(content: ChatMessage["content"]): string {
   return content.map((p) => p.text).join("");
 }
 
+/**
+ * The conversation as engine messages. Chat templates take one system message, first: the leading
+ * run of system / developer messages is joined into it (blank line between), and a later one (an
+ * agent's mid-conversation instructions) becomes a user turn in its place, text unchanged.
+ */
 export function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
   const callNames = new Map<string, string>();
-  return messages.map((m, i): EngineMessage => {
-    switch (m.role) {
-      case "system":
-      case "developer":
-        return { role: "system", text: textOf(m.content) };
-      case "user":
-        return { role: "user", text: textOf(m.content) };
-      case "assistant": {
-        const toolCalls = (m.tool_calls ?? []).map((c, j) => {
-          callNames.set(c.id, c.function.name);
-          return { id: c.id, name: c.function.name, arguments: argumentsObject(c.function.arguments, i, j) };
-        });
-        const reasoning = m.reasoning_content ?? m.reasoning ?? undefined;
-        return { role: "assistant", text: textOf(m.content), toolCalls, ...(reasoning ? { reasoning } : {}) };
+  const lead = messages.findIndex((m) => m.role !== "system" && m.role !== "developer");
+  const leading = lead === -1 ? messages.length : lead;
+  const out: EngineMessage[] = leading > 0
+    ? [{ role: "system", text: messages.slice(0, leading).map((m) => textOf(m.content)).join("\n\n") }]
+    : [];
+  return out.concat(
+    messages.slice(leading).map((m, k): EngineMessage => {
+      const i = k + leading;
+      switch (m.role) {
+        case "system":
+        case "developer":
+          return { role: "user", text: textOf(m.content) };
+        case "user":
+          return { role: "user", text: textOf(m.content) };
+        case "assistant": {
+          const toolCalls = (m.tool_calls ?? []).map((c, j) => {
+            callNames.set(c.id, c.function.name);
+            return {
+              id: c.id,
+              name: c.function.name,
+              arguments: argumentsObject(c.function.arguments, i, j),
+            };
+          });
+          const reasoning = m.reasoning_content ?? m.reasoning ?? undefined;
+          return {
+            role: "assistant",
+            text: textOf(m.content),
+            toolCalls,
+            ...(reasoning ? { reasoning } : {}),
+          };
+        }
+        case "tool":
+          return {
+            role: "tool",
+            text: textOf(m.content),
+            toolCallId: m.tool_call_id,
+            toolName: callNames.get(m.tool_call_id),
+          };
       }
-      case "tool":
-        return {
-          role: "tool",
-          text: textOf(m.content),
-          toolCallId: m.tool_call_id,
-          toolName: callNames.get(m.tool_call_id),
-        };
-    }
-  });
+    }),
+  );
 }
 
 /** A history call's `arguments` (JSON text, as the SDKs send it) as the object templates iterate. */

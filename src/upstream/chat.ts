@@ -225,6 +225,8 @@ interface WireChunk {
     };
     logprobs?: { content?: WireLogprob[] | null } | null;
     finish_reason?: string | null;
+    /** vLLM: the stop string (or token id) that ended the choice. */
+    stop_reason?: string | number | null;
   }[];
   usage?: {
     prompt_tokens?: number;
@@ -303,6 +305,9 @@ class ChunkReader {
           finishReason: finishReason(c.finish_reason),
           completionTokens: 0,
           reasoningTokens: 0,
+          ...(c.finish_reason === "stop" && typeof c.stop_reason === "string"
+            ? { stopSequence: c.stop_reason }
+            : {}),
         };
       }
     }

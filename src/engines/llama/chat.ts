@@ -329,11 +329,13 @@ export class LlamaChatEngine implements ChatEngine {
    */
   async #plan(job: ChatJob, inThink: boolean, thinking: boolean, signal: AbortSignal): Promise<GrammarPlan> {
     const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
+    const mayCall = job.toolChoice === "auto" && job.tools.length > 0;
+    // A forced call comes first, whatever the format; under auto a format allows a call or the format.
     const mode = forced
       ? "forced"
       : job.output.type !== "text"
-      ? "output"
-      : job.toolChoice === "auto" && job.tools.length > 0
+      ? mayCall ? "call_or_output" : "output"
+      : mayCall
       ? "auto"
       : undefined;
     if (!mode) return { kind: "none" };
@@ -341,7 +343,8 @@ export class LlamaChatEngine implements ChatEngine {
       mode,
       inThink,
       thinking,
-      ...(mode === "output" ? [job.output] : [
+      ...(mode === "output" || mode === "call_or_output" ? [job.output] : []),
+      ...(mode === "output" ? [] : [
         job.toolChoice,
         job.parallelToolCalls,
         job.tools.map((t) => [t.name, t.parameters ?? null, t.strict ?? false]),
@@ -363,7 +366,7 @@ export class LlamaChatEngine implements ChatEngine {
   /** One synchronous pass of building a job's grammar (see {@link #plan}). */
   #buildPlan(
     job: ChatJob,
-    mode: "forced" | "output" | "auto",
+    mode: "forced" | "output" | "call_or_output" | "auto",
     inThink: boolean,
     thinking: boolean,
   ): GrammarPlan {
@@ -373,7 +376,7 @@ export class LlamaChatEngine implements ChatEngine {
         : job.tools;
       return { kind: "grammar", text: this.#callsGrammar(job, tools, inThink, thinking) };
     }
-    if (mode === "output") {
+    if (mode === "output" || mode === "call_or_output") {
       const g = new JsonGrammar(new GbnfRules("", this.#automata));
       const param = job.output.type === "json_schema"
         ? "response_format.json_schema.schema"
@@ -385,9 +388,12 @@ export class LlamaChatEngine implements ChatEngine {
             ? g.schema(job.output.schema, param, "out")
             : g.schema({ type: "object" }, param, "out"),
       );
+      const calls = mode === "call_or_output" ? this.#optionalCalls(g, job) : undefined;
       return {
         kind: "grammar",
-        text: g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${payload}`),
+        text: g.rules.text(
+          `root ::= ${thinkPrefix(g, inThink, thinking)}${calls ? `( ${calls} | ${payload} )` : payload}`,
+        ),
       };
     }
     let text: string;
@@ -406,9 +412,28 @@ export class LlamaChatEngine implements ChatEngine {
     return { kind: "grammar", text, trigger };
   }
 
+  /**
+   * The calls an `auto` job with a response format may make instead of the format, in `g`; undefined
+   * when their schemas cannot be enforced (then only the format is allowed; strict tools are refused).
+   */
+  #optionalCalls(g: JsonGrammar, job: ChatJob): string | undefined {
+    try {
+      return this.#callRules(g, job, job.tools);
+    } catch (e) {
+      if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
+      this.#log.debug("tool calls are not offered next to the response format", { reason: e.message });
+      return undefined;
+    }
+  }
+
   /** One call (or, with parallel calls, up to MAX_PARALLEL_CALLS) of the given tools. */
   #callsGrammar(job: ChatJob, tools: EngineTool[], inThink: boolean, thinking: boolean): string {
     const g = new JsonGrammar(new GbnfRules("", this.#automata));
+    return g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${this.#callRules(g, job, tools)}`);
+  }
+
+  /** The call rules of `tools` in `g`: one call, or with parallel calls up to MAX_PARALLEL_CALLS. */
+  #callRules(g: JsonGrammar, job: ChatJob, tools: EngineTool[]): string {
     const calls = tools.map((t) => {
       const i = job.tools.indexOf(t);
       const param = `tools[${i}].function.parameters`;
@@ -416,7 +441,7 @@ export class LlamaChatEngine implements ChatEngine {
     });
     const call = g.rules.add("call", calls.join(" | "));
     const more = job.parallelToolCalls ? ` ( "\\n" ${call} ){0,${MAX_PARALLEL_CALLS - 1}}` : "";
-    return g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${call}${more}`);
+    return `${call}${more}`;
   }
 
   dispose(): Promise<void> {
@@ -537,6 +562,8 @@ class ChoiceOutput {
   #tokens = 0;
   #reasoningTokens = 0;
   #ended = false;
+  /** The stop sequence that ended the choice. */
+  #stopSequence?: string;
   #pendingLogprobs: TokenLogprobInfo[] = [];
 
   constructor(
@@ -558,7 +585,8 @@ class ChoiceOutput {
     if (wasReasoning) this.#reasoningTokens++;
     if (logprob) this.#pendingLogprobs.push(this.#logprobInfo(logprob));
     const text = this.#decoder.decode(this.engine.piece(token), { stream: true });
-    const { text: safe, stopped } = this.#stops.push(text);
+    const { text: safe, stopped, matched } = this.#stops.push(text);
+    if (matched !== undefined) this.#stopSequence = matched;
     this.#parse(safe);
     return !stopped;
   }
@@ -580,6 +608,7 @@ class ChoiceOutput {
       finishReason,
       completionTokens: this.#tokens,
       reasoningTokens: this.#reasoningTokens,
+      ...(cause === "stop" && this.#stopSequence !== undefined ? { stopSequence: this.#stopSequence } : {}),
     });
   }
 

@@ -7,7 +7,7 @@
  * ```ts
  * const s = new StopMatcher(["END"]);
  * s.push("abc E"); // { text: "abc ", stopped: false }
- * s.push("ND!");   // { text: "", stopped: true }
+ * s.push("ND!");   // { text: "", stopped: true, matched: "END" }
  * ```
  */
 export class StopMatcher {
@@ -18,18 +18,19 @@ export class StopMatcher {
     this.#stops = stops.filter((s) => s !== "");
   }
 
-  /** The text that is safe to pass on, and whether a stop sequence was found. */
-  push(chunk: string): { text: string; stopped: boolean } {
+  /** The text that is safe to pass on, and the stop sequence found (if any). */
+  push(chunk: string): { text: string; stopped: boolean; matched?: string } {
     if (this.#stops.length === 0) return { text: chunk, stopped: false };
     const text = this.#held + chunk;
     let first = -1;
+    let matched = "";
     for (const s of this.#stops) {
       const at = text.indexOf(s);
-      if (at >= 0 && (first < 0 || at < first)) first = at;
+      if (at >= 0 && (first < 0 || at < first)) [first, matched] = [at, s];
     }
     if (first >= 0) {
       this.#held = "";
-      return { text: text.slice(0, first), stopped: true };
+      return { text: text.slice(0, first), stopped: true, matched };
     }
     let keep = 0;
     for (const s of this.#stops) {

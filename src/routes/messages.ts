@@ -1,0 +1,65 @@
+/**
+ * The Anthropic Messages routes: a service result as HTTP (a JSON message, or an event stream of
+ * `event: <type>` + `data: <json>` frames with `ping` events and no `[DONE]`), and any error as
+ * Anthropic's `{"type":"error","error":{type,message},"request_id"}` body.
+ */
+import { type ApiError, jsonResponse } from "../http/errors.ts";
+import { SSE_HEADERS, sseData, sseStream } from "../http/sse.ts";
+import type { AnthropicError, CountTokensRequest, MessagesRequest } from "../protocol/anthropic.ts";
+import type { ChatEngine } from "../engines/types.ts";
+import type { ChatContext } from "../services/chat.ts";
+import { anthropicError, countTokens, createMessage } from "../services/messages.ts";
+
+/** Keep-alive while the model is silent, as Anthropic sends it. */
+const PING = sseData({ type: "ping" }, "ping");
+
+/**
+ * `POST /v1/messages`.
+ *
+ * @example
+ * ```ts
+ * return await postMessages(body, engine, chatContext(slot, ctx));
+ * ```
+ */
+export async function postMessages(
+  req: MessagesRequest,
+  engine: ChatEngine,
+  ctx: ChatContext,
+): Promise<Response> {
+  const run = await createMessage(req, engine, ctx);
+  const headers = { "request-id": ctx.requestId };
+  if (run.kind === "message") return jsonResponse(run.message, 200, headers);
+  const body = sseStream(run.events, { pingMs: 15_000, ping: PING, done: false, event: (e) => e.type });
+  return new Response(body, { headers: { ...SSE_HEADERS, ...headers } });
+}
+
+/**
+ * `POST /v1/messages/count_tokens`.
+ *
+ * @example
+ * ```ts
+ * return postCountTokens(body, engine, slot.spec.thinking, ctx.id);
+ * ```
+ */
+export function postCountTokens(
+  req: CountTokensRequest,
+  engine: ChatEngine,
+  defaultThinking: boolean | undefined,
+  requestId: string,
+): Response {
+  return jsonResponse(countTokens(req, engine, defaultThinking), 200, { "request-id": requestId });
+}
+
+/**
+ * The response for an error on these routes.
+ *
+ * @example
+ * ```ts
+ * anthropicErrorResponse(new ApiError(401, "authentication_error", "No API key"), "req-1");
+ * ```
+ */
+export function anthropicErrorResponse(e: ApiError, requestId: string): Response {
+  const { status, error } = anthropicError(e);
+  const body: AnthropicError = { type: "error", error, request_id: requestId };
+  return jsonResponse(body, status, { ...e.headers, "request-id": requestId });
+}
