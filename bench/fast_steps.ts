@@ -7,7 +7,8 @@
  *   (completion tokens over the request's time);
  * - aggregate decode of 1, 4 and 8 concurrent streams of 64 tokens (total tokens over wall time);
  * - the server process's CPU time a generated token (all its threads, from /proc) over the streamed
- *   single streams, and vserve's minus llama-server's: our own per-token overhead in µs;
+ *   single streams, and vserve's minus llama-server's: our own per-token overhead in µs; and the
+ *   share of vserve's decodes that ran on its JavaScript thread (src/engines/llama/pace.ts);
  * - one short embedding on tiny-embed, one client, the two servers' calls interleaved (median of 40).
  *
  * The end-of-text tokens get a -100 logit bias on both sides, so every generation runs to its length.
@@ -70,6 +71,13 @@ export function processCpuMicros(pid: number): number {
     }
   }
   return ns / 1000;
+}
+
+/** vserve's engine counter `name` of `model` from `/metrics`. */
+async function engineCounter(url: string, key: string, name: string, model: string): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`, { headers: { authorization: `Bearer ${key}` } })).text();
+  const line = text.split("\n").find((l) => l.startsWith(`vserve_engine_${name}_total{model="${model}"}`));
+  return Number(line?.split(" ").at(-1) ?? NaN);
 }
 
 /** Runs the scenario: see the module comment. */
@@ -162,12 +170,22 @@ export async function fastSteps(b: FastStepsBench): Promise<void> {
     const streamed: Samples = {};
     const plain: Samples = {};
     const cpu: Samples = {};
+    const onThread: number[] = [];
+    const decodes = async () =>
+      await Promise.all(
+        ["decodes", "decodes_on_thread"].map((n) => engineCounter(vserve.url, b.key, n, model)),
+      );
     for (let rep = 0; rep < b.reps; rep++) {
       for (const s of runOrder(servers, rep)) {
         await cooldown();
+        const counted = s.key === "http" ? await decodes() : [];
         const before = processCpuMicros(pidOf(s, model));
         const t: StreamTiming = await httpStream(s.chat.get(model)!, model, body(`fs${s.key}${rep}`, long));
         (cpu[s.key] ??= []).push((processCpuMicros(pidOf(s, model)) - before) / t.completionTokens);
+        if (s.key === "http") {
+          const [all, on] = await decodes();
+          onThread.push(100 * (on - counted[1]) / (all - counted[0]));
+        }
         (streamed[s.key] ??= []).push((t.completionTokens - 1) / ((t.end - t.first) / 1000));
         await cooldown();
         const t0 = performance.now();
@@ -199,6 +217,9 @@ export async function fastSteps(b: FastStepsBench): Promise<void> {
       b.record(label, `aggregate, ${c} stream${c > 1 ? "s" : ""} × ${short} tokens`, "tok/s", "higher", agg);
     }
     b.record(label, "server CPU a token, one stream streamed (all threads)", "µs", "lower", cpu);
+    b.record(label, "vserve's decodes on the JavaScript thread, one stream streamed", "%", "higher", {
+      http: onThread,
+    });
     if (cpu.http && cpu.baseline) {
       b.record(label, "our CPU a token beyond llama-server's (pairs of the row above)", "µs", "lower", {
         http: cpu.http.map((x, i) => x - cpu.baseline![i]),

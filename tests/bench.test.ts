@@ -320,8 +320,10 @@ Deno.test({
     ) assert.ok(scenarios.has(s), s);
     for (const r of report.rows as Row[]) {
       // A difference of two latencies (what the gateway adds) may be zero or negative under noise.
-      if (/added by/.test(r.metric)) assert.ok(Number.isFinite(r.http.median), `${r.scenario} ${r.metric}`);
-      else assert.ok(r.http.median > 0, `${r.scenario} ${r.metric}`);
+      // (A share of decodes may be 0 on a machine too loaded for a decode to count as short.)
+      if (/added by|on the JavaScript thread/.test(r.metric)) {
+        assert.ok(Number.isFinite(r.http.median), `${r.scenario} ${r.metric}`);
+      } else assert.ok(r.http.median > 0, `${r.scenario} ${r.metric}`);
     }
     assert.equal(report.meta.cores, navigator.hardwareConcurrency);
     assert.match(await Deno.readTextFile(`${out}/latest.md`), /HTTP \/ in-process/);
