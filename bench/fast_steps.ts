@@ -184,7 +184,7 @@ export async function fastSteps(b: FastStepsBench): Promise<void> {
         (cpu[s.key] ??= []).push((processCpuMicros(pidOf(s, model)) - before) / t.completionTokens);
         if (s.key === "http") {
           const [all, on] = await decodes();
-          onThread.push(100 * (on - counted[1]) / (all - counted[0]));
+          if (all > counted[0]) onThread.push(100 * (on - counted[1]) / (all - counted[0]));
         }
         (streamed[s.key] ??= []).push((t.completionTokens - 1) / ((t.end - t.first) / 1000));
         await cooldown();

@@ -38,6 +38,10 @@ Deno.test("decode pace: a kind runs on the thread once measured short, in bursts
   assert.equal(pace.onThread("a"), false);
   pace.rest();
   assert.equal(pace.onThread("a"), true, "the engine ran out of work: the loop waited");
+  pace.endBurst();
+  assert.equal(pace.onThread("a"), false, "a burst ended early (a first token to send)");
+  pace.record("a", 2, false);
+  assert.equal(pace.onThread("a"), true);
   // A moving average: one slow step moves it a quarter of the way; slow steps send the kind off.
   pace.record("a", 30, true);
   assert.equal(pace.expected("a"), 2 + (30 - 2) / 4);

@@ -278,6 +278,8 @@ export class LlamaChatEngine implements ChatEngine {
         if (!firstToken) {
           firstToken = true;
           queue.push({ type: "first_token" });
+          // The first token goes out at once, not at the end of a burst of decodes on this thread.
+          this.#ctx.endBurst();
         }
         return outputs[choice].token(token, logprob);
       },

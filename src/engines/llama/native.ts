@@ -301,6 +301,15 @@ export class NativeContext {
   }
 
   /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */
+  /**
+   * Ends the current burst of decodes on the JavaScript thread: the next decode lets the event loop
+   * wait, which sends what the streams wrote (a request's first token, say) without waiting for the
+   * burst's end.
+   */
+  endBurst(): void {
+    this.#pace.endBurst();
+  }
+
   idle(): void {
     this.#pace.rest();
     this.lib.idle();
@@ -321,6 +330,7 @@ export class NativeContext {
     let r: number;
     if (now) {
       r = now.result;
+      // Wall time, not the thread's CPU: it bounds how long what the streams wrote waits to be sent.
       this.#pace.record(kind, performance.now() - start, true);
       this.decodes.onThread++;
     } else {

@@ -41,6 +41,11 @@ export class DecodePace {
     this.#spent = onThread ? this.#spent + ms : 0;
   }
 
+  /** Ends the burst: the next decode lets the event loop wait (something written should go out now). */
+  endBurst(): void {
+    this.#spent = Infinity;
+  }
+
   /** The event loop is free to wait (the engine ran out of work): the next burst starts afresh. */
   rest(): void {
     this.#spent = 0;
