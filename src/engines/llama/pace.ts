@@ -8,12 +8,16 @@
  * every call, its caches cold) and two thread wake-ups, which on a VM whose idle vCPUs halt cost tens
  * of microseconds each. Against a 35 ms decode that is noise; against the 1–4 ms steps of a small
  * model, or of a large one on a GPU, it is a tenth of every token. So a decode expected to take at
- * most 12 ms (a step of one stream of a tiny stand-in takes 1-2 ms on two cores, of eight about 12;
- * one of bench-chat 35) runs on the JavaScript thread, holding the event loop, in bursts of at most
- * 12 ms (the event-loop monitor's 25 ms windows then stay well under its 50 ms stall bound): the
- * decode that would pass that runs non-blocking, and meanwhile the loop waits for its sockets (new
- * requests, `/health`, disconnects) and sends what the streams wrote (a fast stream's tokens of the
- * burst go out in one write). Longer decodes (prompt chunks, a slow machine) stay non-blocking.
+ * most 6 ms (a step of one stream of a tiny stand-in takes 1-2 ms on two cores; one of bench-chat 35)
+ * runs on the JavaScript thread, holding the event loop, in bursts of at most 6 ms: the decode that
+ * would pass that runs non-blocking, and meanwhile the loop waits for its sockets (new requests,
+ * `/health`, disconnects) and sends what the streams wrote (a fast stream's tokens of the burst go out
+ * in one write). Longer decodes (prompt chunks, many sequences, a slow machine) stay non-blocking.
+ *
+ * Why so short: the runtime polls its sockets when the loop has nothing ready, else only every few
+ * dozen turns, so while other work keeps the loop busy (a grammar compiled in 10 ms slices, say) each
+ * turn's length multiplies the wait of a new request. With 12 ms bursts a `/health` probe beside two
+ * schema compilations and a long prompt waited 1 s; with 6 ms (no longer than those slices) it did not.
  */
 
 /** Decode durations by kind (batch shape) and the current burst of synchronous decodes. */
@@ -25,7 +29,7 @@ export class DecodePace {
    * `maxStepMs`: the longest expected decode run synchronously; `burstMs`: synchronous compute
    * between two waits of the event loop.
    */
-  constructor(readonly maxStepMs = 12, readonly burstMs = Math.max(12, maxStepMs)) {}
+  constructor(readonly maxStepMs = 6, readonly burstMs = Math.max(6, maxStepMs)) {}
 
   /** Whether a decode of `kind` may run on the JavaScript thread now. */
   onThread(kind: string): boolean {
