@@ -34,6 +34,7 @@ import denoJson from "../deno.json" with { type: "json" };
 import { affinityGain, type GatewayBench, gatewayOverhead } from "./gateway.ts";
 import { samplerCost } from "./sampler.ts";
 import { fastSteps } from "./fast_steps.ts";
+import { mixedLoad } from "./mixed.ts";
 
 let opt: BenchOptions;
 try {
@@ -187,7 +188,7 @@ try {
     }),
   );
 
-  const serverArgs = ["--models", registry, "--threads", String(threads), "--gpu", "cpu"];
+  const serverArgs = ["--models", registry, "--threads", String(threads), "--gpu", opt.gpu];
   log(`starting vserve (threads ${threads}, ${chatParallel} chat slots × ${chatCtx} tokens)`);
   server = await startServer([...serverArgs, "--api-key", KEY], { waitReady: true, timeoutMs: 600_000 });
   const vserve = server;
@@ -306,6 +307,7 @@ try {
       adopt: (stop) => void cleanups.push(stop),
     });
   }
+  if (opt.scenarios.has("mixed")) await mixed();
   if (!ownServersOnly) await memory();
 
   const facts = {
@@ -673,6 +675,25 @@ async function sampler() {
     quick ? 100 : 400,
     (metric, values) => record("sampler (in-process)", metric, "µs", "lower", { http: values }),
   );
+}
+
+/** A chat model and the embedding model loaded together: see bench/mixed.ts (vserve only). */
+async function mixed() {
+  const chat = chatModels[0];
+  await mixedLoad({
+    url: server!.url,
+    key: KEY,
+    chatId: chat.id,
+    embedId: EMBED,
+    clients: opt.mixedClients,
+    seconds: opt.mixedSeconds,
+    reps,
+    decodeTokens,
+    record: (metric, unit, better, values) =>
+      record(`mixed load (${chat.preset} + ${embedPreset})`, metric, unit, better, { http: values }),
+    log,
+  });
+  log("mixed done");
 }
 
 async function memory() {

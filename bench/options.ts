@@ -7,15 +7,20 @@ export const USAGE = `deno task bench [options]
   --quick                      1 repetition, 32 decode tokens, fewer streams and sentences (< 2 min alone)
   --tiny                       the tiny presets: checks the harness, not the speed
   --reps N                     repetitions (default 3; --quick: 1)
-  --scenarios LIST             chat,concurrency,embeddings,overhead,features,gateway,sampler,fast
+  --scenarios LIST             chat,concurrency,embeddings,overhead,features,gateway,sampler,mixed,fast
                                (default: all); gateway: vserve in front of vserve (overhead, gain of
-                               prefix affinity); sampler: the sampler's kernels against plain
-                               JavaScript, in-process; fast: the tiny presets' 1-4 ms steps, where a
-                               server's own cost per token and per request shows (with llama-server)
+                               prefix affinity); sampler: the sampler's kernels against plain JavaScript,
+                               in-process; mixed: chat streams and embedding clients, alone and together;
+                               fast: the tiny presets' 1-4 ms steps, where a server's own cost per token
+                               and per request shows (with llama-server)
+  --mixed-clients N            mixed: concurrent clients of each model (default 64; --quick: 16; --tiny: 4)
+  --mixed-seconds N            mixed: length of each window (default 30; --quick: 15; --tiny: 4)
   --chat-models LIST           dense,moe: bench-chat (Qwen3-0.6B shape) and bench-moe (Qwen3.6-35B-A3B's
                                per-token compute, 16 experts); with --tiny: tiny-chat, tiny-moe
                                (default: both)
   --threads N                  CPU threads of every engine and server (default: all cores)
+  --gpu cpu|cuda               vserve's --gpu (default cpu); on a CUDA VM: cuda, with
+                               --llama-server-cpu cuda for a CUDA build of the baseline (deno task gpu-check)
   --slots N                    chat slots (parallel sequences) (default: the most concurrent streams)
   --ctx N                      chat context per slot, tokens (default 1024; 4096 with --baseline llama-server)
   --embed-slots N              llama-server's embedding slots (default 64: vserve's embedding engine
@@ -32,7 +37,7 @@ export const USAGE = `deno task bench [options]
                                compiled; it runs on node-llama-cpp's own prebuilt libllama and ggml, the
                                very binaries vserve runs) | same (compiled for the instruction sets of the
                                ggml CPU variant node-llama-cpp loads, e.g. haswell) | native
-                               (-march=native) | a variant name
+                               (-march=native) | a variant name | cuda (-march=native and CUDA; needs nvcc)
   --llama-server-bin PATH      use this llama-server binary, build nothing  (env VSERVE_BENCH_LLAMA_SERVER)
   --llama-server-cache DIR     where the build goes            (env VSERVE_BENCH_LLAMA_CACHE;
                                default \${XDG_CACHE_HOME:-$HOME/.cache}/vserve/llama-server)
@@ -51,6 +56,8 @@ export interface BenchOptions {
   /** Chat models measured in the chat scenarios, in order. */
   chatModels: ("dense" | "moe")[];
   threads: number | undefined;
+  /** vserve's `--gpu` for every server and the in-process engines. */
+  gpu: "cpu" | "cuda";
   embedBackend: "llama" | "onnx";
   out: string;
   inProcess: boolean;
@@ -63,6 +70,9 @@ export interface BenchOptions {
   decodeTokens: number;
   promptWords: number;
   sentenceCount: number;
+  /** The mixed scenario: clients of each model, and seconds per window. */
+  mixedClients: number;
+  mixedSeconds: number;
   baseline?:
     | { kind: "llama-server"; binary?: string; cache?: string; cpu: string }
     | { kind: "url"; url: string; key: string; chatModel?: string; embeddingModel?: string };
@@ -71,7 +81,17 @@ export interface BenchOptions {
 /** A command line that cannot run; the message says why. */
 export class UsageError extends Error {}
 
-const SCENARIOS = ["chat", "concurrency", "embeddings", "overhead", "features", "gateway", "sampler", "fast"];
+const SCENARIOS = [
+  "chat",
+  "concurrency",
+  "embeddings",
+  "overhead",
+  "features",
+  "gateway",
+  "sampler",
+  "mixed",
+  "fast",
+];
 
 /**
  * Parses the benchmark's flags (and the environment variables that stand in for some of them).
@@ -93,10 +113,13 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
         scenarios: { type: "string", default: SCENARIOS.join(",") },
         "chat-models": { type: "string", default: "dense,moe" },
         threads: { type: "string" },
+        gpu: { type: "string", default: "cpu" },
         slots: { type: "string" },
         ctx: { type: "string" },
         "embed-slots": { type: "string" },
         "embed-backend": { type: "string", default: "llama" },
+        "mixed-clients": { type: "string" },
+        "mixed-seconds": { type: "string" },
         out: { type: "string", default: "bench/results" },
         "in-process": { type: "boolean" },
         "no-in-process": { type: "boolean" },
@@ -134,6 +157,8 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
     if (m !== "dense" && m !== "moe") throw new UsageError(`unknown chat model '${m}' (known: dense, moe)`);
   }
   if (chatModels.length === 0) throw new UsageError("--chat-models needs at least one of dense, moe");
+  const gpu = values.gpu;
+  if (gpu !== "cpu" && gpu !== "cuda") throw new UsageError(`--gpu must be cpu or cuda, got '${gpu}'`);
   const embedBackend = values["embed-backend"];
   if (embedBackend !== "llama" && embedBackend !== "onnx") {
     throw new UsageError(`--embed-backend must be llama or onnx, got '${embedBackend}'`);
@@ -187,6 +212,7 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
     scenarios,
     chatModels: chatModels as ("dense" | "moe")[],
     threads: int("threads", values.threads, 1),
+    gpu,
     embedBackend,
     out: values.out!,
     inProcess,
@@ -197,6 +223,8 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
     decodeTokens: quick ? 32 : 128,
     promptWords: quick ? 120 : 400, // ~1.25 tokens per word: ~500 tokens in full mode
     sentenceCount: quick ? 16 : 64,
+    mixedClients: int("mixed-clients", values["mixed-clients"], 1) ?? (values.tiny ? 4 : quick ? 16 : 64),
+    mixedSeconds: int("mixed-seconds", values["mixed-seconds"], 1) ?? (values.tiny ? 4 : quick ? 15 : 30),
     baseline,
   };
 }

@@ -80,6 +80,8 @@ export interface ServerDeps {
   now?: () => number;
   /** Hosted-tool policy and reasoning sealing of `/v1/responses` (default: ignore, a key made here). */
   responses?: ResponsesOptions;
+  /** Each local model's weight, share and compute seconds in the compute arbiter, for /health. */
+  computeUsage?: () => readonly { model: string; weight: number; share: number; seconds: number }[];
 }
 
 /** The request handler for `Deno.serve`, with the route table it serves. */
@@ -164,6 +166,18 @@ export function createServer(deps: ServerDeps): ServerHandler {
     };
   };
 
+  const computeOf = (model: string) => {
+    const u = deps.computeUsage?.().find((u) => u.model === model);
+    return u
+      ? {
+        compute: {
+          weight: u.weight,
+          share: Number(u.share.toFixed(4)),
+          seconds: Number(u.seconds.toFixed(3)),
+        },
+      }
+      : {};
+  };
   const healthBody = () => ({
     status: deps.lifecycle.draining ? "draining" : "ok",
     ready: deps.registry.ready && !deps.lifecycle.draining,
@@ -176,6 +190,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       ...(s.loadSeconds !== undefined ? { load_seconds: Number(s.loadSeconds.toFixed(2)) } : {}),
       in_flight: s.inFlight,
       ...s.details,
+      ...computeOf(s.spec.id),
       ...(s.engine?.upstreams
         ? {
           upstreams: s.engine.upstreams().map((u) => ({
@@ -304,7 +319,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ctx.model = body.model;
         allowedSlot(body.model, ctx.key);
         const { slot, engine } = deps.registry.engine(body.model, "chat");
-        return postCountTokens(body, engine, slot.spec.thinking, ctx.id);
+        return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, ctx.signal);
       },
     },
     ...["GET", "DELETE"].map((method): Route => ({
@@ -363,7 +378,12 @@ export function createServer(deps: ServerDeps): ServerHandler {
         const slot = deps.registry.find(body.model);
         const { engine } = deps.registry.engine(body.model, slot.spec.kind);
         return jsonResponse(
-          await tokenize(body, engine, slot.spec.kind === "chat" ? slot.spec.thinking : undefined),
+          await tokenize(
+            body,
+            engine,
+            slot.spec.kind === "chat" ? slot.spec.thinking : undefined,
+            ctx.signal,
+          ),
         );
       },
     })),
@@ -536,6 +556,17 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ctx.route = "preflight";
         res = new Response(null, { status: 204 });
       } else {
+        // (Past 65,534 bytes Deno's HTTP parser refuses the request line itself: an empty 400.)
+        const target = url.pathname.length + url.search.length;
+        if (target > MAX_TARGET_CHARS) {
+          throw new ApiError(
+            414,
+            "invalid_request_error",
+            `The request path and query are ${target} characters long; at most ${MAX_TARGET_CHARS} are accepted.`,
+            null,
+            "uri_too_long",
+          );
+        }
         const { route: r, match } = route(req.method, url.pathname);
         ctx.route = r.prefix ? `${r.path}{id}` : r.path;
         if (deps.lifecycle.draining && r.auth === "v1") {
@@ -643,6 +674,9 @@ function withBodyEnd(res: Response, done: (cut: boolean) => void): Response {
   });
   return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
+
+/** Longest request path and query (as llama-server's HTTP library): a longer one is a 414. */
+const MAX_TARGET_CHARS = 8192;
 
 /** At most `max` characters of a client-supplied string, for logs and error messages. */
 export function clip(text: string, max: number): string {

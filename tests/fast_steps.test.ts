@@ -4,6 +4,7 @@
  * counters only.
  */
 import assert from "node:assert/strict";
+import { ComputeShare } from "../src/engines/compute_share.ts";
 import { decodeKind, DecodePace } from "../src/engines/llama/pace.ts";
 import { resolveSource } from "../src/models/sources.ts";
 import { silentLogger } from "../src/log.ts";
@@ -131,4 +132,24 @@ Deno.test({
       model.free();
     }
   },
+});
+
+Deno.test("compute share: a synchronous step runs at once only when the turn is free, and is charged", async () => {
+  let t = 0;
+  const share = new ComputeShare({ now: () => t, setTimer: () => 0, clearTimer: () => {} });
+  const a = share.client("a");
+  const b = share.client("b");
+  assert.deepEqual(a.runNow(() => (t += 5, 7)), { result: 7 }, "nothing else: at once");
+  assert.equal(a.steps, 1);
+  assert.equal(a.seconds, 0.005, "charged like a step through run");
+  let finish!: () => void;
+  const running = b.run(() => new Promise<void>((resolve) => (finish = resolve)));
+  assert.equal(a.runNow(() => 1), undefined, "not while another model's step runs");
+  finish();
+  await running;
+  // b is owed compute and a takes longer steps than b's gaps: the turn is held for b.
+  assert.equal(a.runNow(() => 1), undefined, "not while the turn is held for another model");
+  b.idle();
+  assert.deepEqual(a.runNow(() => 2), { result: 2 }, "the hold ended: at once again");
+  assert.equal(a.steps, 2);
 });

@@ -38,16 +38,18 @@ export async function postMessages(
  *
  * @example
  * ```ts
- * return postCountTokens(body, engine, slot.spec.thinking, ctx.id);
+ * return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, ctx.signal);
  * ```
  */
-export function postCountTokens(
+export async function postCountTokens(
   req: CountTokensRequest,
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
   requestId: string,
-): Response {
-  return jsonResponse(countTokens(req, engine, defaultThinking), 200, { "request-id": requestId });
+  signal?: AbortSignal,
+): Promise<Response> {
+  const count = await countTokens(req, engine, defaultThinking, signal);
+  return jsonResponse(count, 200, { "request-id": requestId });
 }
 
 /**

@@ -85,14 +85,15 @@ export async function createMessage(
  *
  * @example
  * ```ts
- * countTokens(body, engine, undefined); // { input_tokens: 1234 }
+ * await countTokens(body, engine, undefined, signal); // { input_tokens: 1234 }
  * ```
  */
-export function countTokens(
+export async function countTokens(
   req: CountTokensRequest,
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
-): MessageTokensCount {
+  signal?: AbortSignal,
+): Promise<MessageTokensCount> {
   const { chat, params } = toChatRequest({ ...req, max_tokens: 1 });
   if (engine.upstreams) {
     throw badRequest(
@@ -104,7 +105,7 @@ export function countTokens(
   }
   try {
     const job = toJob(chat, defaultThinking);
-    return { input_tokens: engine.tokenize(engine.renderPrompt(job), true).length };
+    return { input_tokens: (await engine.prompt(job, signal)).tokens.length };
   } catch (e) {
     throw renameParam(e, params);
   }
