@@ -264,6 +264,12 @@ function createMetrics(registry: Registry, share: ComputeShare): Metrics {
         const value = s.engine?.counters?.()[name];
         return value === undefined ? [] : [[{ model: s.spec.id }, value] as [Record<string, string>, number]];
       }));
+  const engineGauge = (name: string, help: string) =>
+    new Gauge(`vserve_engine_${name}`, help, () =>
+      registry.slots.flatMap((s) => {
+        const value = s.engine?.counters?.()[name];
+        return value === undefined ? [] : [[{ model: s.spec.id }, value] as [Record<string, string>, number]];
+      }));
   return new Metrics([
     engineCounter("prompt_tokens_evaluated", "Prompt tokens run through the model (reused ones excluded)."),
     engineCounter("prompt_tokens_reused", "Prompt tokens taken from an earlier request's state."),
@@ -276,6 +282,19 @@ function createMetrics(registry: Registry, share: ComputeShare): Metrics {
     engineCounter("batched_tokens", "Tokens in all batches (with decodes: the mean batch size)."),
     engineCounter("checkpoints_saved", "Recurrent-state checkpoints taken (hybrid models)."),
     engineCounter("checkpoints_restored", "Recurrent-state checkpoints restored (hybrid models)."),
+    engineCounter("prompt_tokens_copied", "Prompt tokens copied from another sequence's memory."),
+    engineCounter("prefix_copies", "Prompts that started from a copy of another sequence's prefix."),
+    engineCounter(
+      "prefix_waits",
+      "Prompts that waited for a concurrent prompt to compute their shared prefix.",
+    ),
+    engineCounter("prompt_cache_hits", "Prompts restored from the host-memory prompt cache."),
+    engineCounter("prompt_cache_tokens_restored", "Prompt tokens restored from the prompt cache."),
+    engineCounter("prompt_cache_saves", "Sequence states saved into the prompt cache."),
+    engineCounter("prompt_cache_evictions", "Prompt cache entries dropped for room (least recently used)."),
+    engineCounter("prompt_cache_seconds", "Time saving and restoring prompt cache states."),
+    engineGauge("prompt_cache_bytes", "Host memory held by the prompt cache."),
+    engineGauge("prompt_cache_entries", "Saved prompts in the prompt cache."),
     engineCounter("decode_seconds", "Time in model evaluation (llama_decode)."),
     engineCounter("sample_seconds", "Time sampling and handling generated tokens."),
     engineCounter("step_seconds", "Time in generation steps altogether."),

@@ -29,6 +29,7 @@ export const ConfigSchema = z.object({
   flashAttn: z.enum(["auto", "on", "off"]).default("auto"),
   ctxSize: z.number().int().min(256).optional(),
   parallel: z.number().int().min(1).max(256).optional(),
+  cacheRam: z.number().int().min(0).max(16 * 1024 * 1024).optional(),
   maxQueue: z.number().int().min(0).default(64),
   requestTimeoutMs: z.number().int().min(1).default(600_000),
   drainTimeoutMs: z.number().int().min(0).default(30_000),
@@ -137,6 +138,13 @@ export const SETTINGS: readonly Setting[] = [
     flag: "parallel",
     kind: "int",
     help: "parallel sequences per model (overrides the registry)",
+  },
+  {
+    key: "cacheRam",
+    flag: "cache-ram",
+    kind: "int",
+    help:
+      "host memory per chat model for saved prompt states, MiB (default 8192; 0 = off; overrides the registry)",
   },
   { key: "maxQueue", flag: "max-queue", kind: "int", help: "requests that may wait per model before 429" },
   { key: "requestTimeoutMs", flag: "request-timeout-ms", kind: "int", help: "per-request time limit" },

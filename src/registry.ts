@@ -43,6 +43,8 @@ export const ModelSpecSchema = z.object({
   mainGpu: z.number().int().min(0).max(63).optional(),
   splitMode: z.enum(["none", "layer", "row"]).optional(),
   parallel: z.number().int().min(1).max(256).default(4),
+  /** Chat models: host memory for saved prompt states (the prompt cache), MiB; 0 = none. */
+  cacheRam: z.number().int().min(0).max(16 * 1024 * 1024).optional(),
   pooling: z.enum(["last", "mean", "cls"]).optional(),
   maxInputTokens: z.number().int().min(1).optional(),
   nativeDims: z.number().int().min(1).optional(),

@@ -130,10 +130,12 @@ export async function loadEngine(
     batchSequences: spec.batchSequences,
     flashAttention: config.flashAttn,
     compute,
+    promptCacheMiB: config.cacheRam ?? spec.cacheRam,
     log,
   });
   report({
     context_size: engine.contextSize,
+    prompt_cache_mib: engine.promptCacheMiB,
     tool_format: engine.dialect.name,
     thinking_default: spec.thinking ?? engine.thinking.defaultOn,
     batched_decode: engine.batching,

@@ -540,7 +540,11 @@ export class NativeContext {
     return this.lib.symbols.llama_memory_seq_rm(this.mem, seq, p0, p1);
   }
 
-  /** Copies all of `src` into `dst` (which must be empty). */
+  /**
+   * Copies all of `src` into `dst` (which must be empty). With a KV stream per sequence llama.cpp
+   * copies the whole stream buffer, at the start of the next decode; a recurrent state is shared
+   * until either sequence moves on.
+   */
   copySequence(src: number, dst: number): void {
     this.lib.symbols.llama_memory_seq_cp(this.mem, src, dst, -1, -1);
   }
@@ -553,6 +557,11 @@ export class NativeContext {
   /** Empties every sequence. */
   clear(): void {
     this.lib.symbols.llama_memory_clear(this.mem, false);
+  }
+
+  /** Bytes of a snapshot of `seq`'s state ({@link saveState}). */
+  stateSize(seq: number, flags: number): number {
+    return Number(this.lib.symbols.llama_state_seq_get_size_ext(this.ptr, seq, flags));
   }
 
   /** A snapshot of `seq`'s state (`flags`: 1 = only what cannot be rolled back). */
