@@ -48,6 +48,16 @@ Deno.test("decode pace: a kind runs on the thread once measured short, in bursts
   assert.equal(pace.expected("a"), 2 + (30 - 2) / 4);
   assert.equal(pace.onThread("a"), false);
   assert.equal(new DecodePace(0).onThread("a"), false);
+  // The first decodes of a kind pay one-time costs: the least of the first three counts.
+  const first = new DecodePace(4, 8);
+  first.record("c", 40, false);
+  assert.equal(first.expected("c"), 40);
+  first.record("c", 2, false);
+  first.record("c", 3, false);
+  assert.equal(first.expected("c"), 2);
+  assert.equal(first.samples("c"), 3);
+  first.record("c", 6, false);
+  assert.equal(first.expected("c"), 3, "then a moving average");
   const off = new DecodePace(0);
   off.record("a", 0.5, false);
   assert.equal(off.onThread("a"), false, "0: never on the thread");
@@ -152,4 +162,53 @@ Deno.test("compute share: a synchronous step runs at once only when the turn is 
   b.idle();
   assert.deepEqual(a.runNow(() => 2), { result: 2 }, "the hold ended: at once again");
   assert.equal(a.steps, 2);
+});
+
+Deno.test({
+  name: "decode pace: the decode after a sequence copy runs off the thread and is not taken as its shape's",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    await llamaRuntime("cpu", silentLogger);
+    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+    const lib = openLlamaLibrary();
+    const model = await NativeModel.load(lib, path, 0);
+    const pace = new DecodePace(1000, 1000);
+    const ctx = await NativeContext.create(model, {
+      nCtx: 2 * 512,
+      nBatch: 64,
+      nUbatch: 64,
+      nSeqMax: 2,
+      threads: 1,
+      embeddings: false,
+      kvUnified: false,
+      pace,
+    });
+    const batch = new Batch(lib, 64);
+    const step = async (seq: number, pos: number) => {
+      batch.clear();
+      batch.add(model.bos >= 0 ? model.bos : 0, pos, seq, true);
+      await ctx.decode(batch);
+    };
+    try {
+      await step(0, 0); // measured off the thread
+      await step(0, 1);
+      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 1 });
+      // (This pace serves this context alone: its one kind is a one-token step, keyed by context.)
+      const kind = Array.from({ length: 100 }, (_, i) => `${i}:g1`).find((k) =>
+        pace.expected(k) !== undefined
+      );
+      const expected = pace.expected(kind!);
+      ctx.copySequence(0, 1);
+      await step(1, 2);
+      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 2 }, "the copy's decode went off the thread");
+      assert.equal(pace.expected(kind!), expected, "its time (the copy's too) is not the shape's");
+      await step(1, 3);
+      assert.deepEqual(ctx.decodes, { onThread: 2, offThread: 2 }, "then on the thread again");
+    } finally {
+      batch.free();
+      ctx.free();
+      model.free();
+    }
+  },
 });

@@ -372,6 +372,12 @@ export class NativeContext {
   #embeddings: boolean;
   /** Decodes run on the JavaScript thread (see pace.ts) and on the blocking pool. */
   readonly decodes = { onThread: 0, offThread: 0 };
+  /**
+   * A sequence copy is pending: llama.cpp performs it at the start of the next decode (a whole KV
+   * stream, hundreds of MB on a large model), so that decode runs off the JavaScript thread and its
+   * time is not taken as its shape's.
+   */
+  #copyPending = false;
   /** A view of llama.cpp's logits buffer from its start (see {@link logits}). */
   #outputs?: { base: Deno.PointerObject; view: Float32Array };
 
@@ -439,6 +445,15 @@ export class NativeContext {
     this.#pace.endBurst();
   }
 
+  /**
+   * The expected wall time of a decode of `tokens` tokens, with outputs (`embeddings`) or not, in
+   * this context (a moving average, see pace.ts), and how many were measured (0: ms is NaN).
+   */
+  expectedDecode(tokens: number, embeddings: boolean): { ms: number; samples: number } {
+    const kind = `${this.#id}:${decodeKind(tokens, embeddings)}`;
+    return { ms: this.#pace.expected(kind) ?? NaN, samples: this.#pace.samples(kind) };
+  }
+
   /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */
   idle(): void {
     this.#pace.rest();
@@ -469,7 +484,9 @@ export class NativeContext {
     const s = this.lib.symbols;
     const kind = `${this.#id}:${decodeKind(batch.size, this.#embeddings)}`;
     const start = performance.now();
-    const now = this.#pace.onThread(kind)
+    const copying = this.#copyPending;
+    this.#copyPending = false;
+    const now = !copying && this.#pace.onThread(kind)
       ? this.#computeNow(() => s.llama_decode_sync(this.ptr, batch.struct()))
       : undefined;
     let r: number;
@@ -486,7 +503,8 @@ export class NativeContext {
         ms = performance.now() - t;
         return result;
       });
-      this.#pace.record(kind, ms, false);
+      if (copying) this.#pace.rest();
+      else this.#pace.record(kind, ms, false);
       this.decodes.offThread++;
     }
     if (r === 0) return;
@@ -547,6 +565,7 @@ export class NativeContext {
    */
   copySequence(src: number, dst: number): void {
     this.lib.symbols.llama_memory_seq_cp(this.mem, src, dst, -1, -1);
+    this.#copyPending = true;
   }
 
   /** Last position held for `seq`, or -1. */
