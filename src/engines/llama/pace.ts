@@ -23,6 +23,7 @@
 /** Decode durations by kind (batch shape) and the current burst of synchronous decodes. */
 export class DecodePace {
   readonly #expected = new Map<string, number>();
+  readonly #samples = new Map<string, number>();
   #spent = 0;
 
   /**
@@ -40,8 +41,15 @@ export class DecodePace {
   /** A decode of `kind` took `ms` (`onThread`: synchronously; else the event loop waited meanwhile). */
   record(kind: string, ms: number, onThread: boolean): void {
     const expected = this.#expected.get(kind);
-    // A moving average: one slow step (the thread preempted) moves it a quarter of the way.
-    this.#expected.set(kind, expected === undefined ? ms : expected + (ms - expected) / 4);
+    const samples = this.samples(kind);
+    // The first decodes of a kind pay one-time costs (weights paged in, buffers sized): the least of
+    // the first three counts; then a moving average, which one slow step (the thread preempted) moves
+    // a quarter of the way.
+    this.#expected.set(
+      kind,
+      expected === undefined ? ms : samples < 3 ? Math.min(expected, ms) : expected + (ms - expected) / 4,
+    );
+    this.#samples.set(kind, samples + 1);
     this.#spent = onThread ? this.#spent + ms : 0;
   }
 
@@ -58,6 +66,11 @@ export class DecodePace {
   /** The expected duration of a decode of `kind`, if one was measured. */
   expected(kind: string): number | undefined {
     return this.#expected.get(kind);
+  }
+
+  /** Decodes of `kind` measured so far. */
+  samples(kind: string): number {
+    return this.#samples.get(kind) ?? 0;
   }
 }
 
