@@ -275,6 +275,10 @@ function createMetrics(registry: Registry, share: ComputeShare): Metrics {
     engineCounter("prompt_tokens_reused", "Prompt tokens taken from an earlier request's state."),
     engineCounter("tokens_generated", "Tokens sampled, all choices."),
     engineCounter("decodes", "Model evaluations (batches)."),
+    engineCounter(
+      "decodes_on_thread",
+      "Model evaluations run on the request thread (short ones, in bursts).",
+    ),
     engineCounter("batched_tokens", "Tokens in all batches (with decodes: the mean batch size)."),
     engineCounter("checkpoints_saved", "Recurrent-state checkpoints taken (hybrid models)."),
     engineCounter("checkpoints_restored", "Recurrent-state checkpoints restored (hybrid models)."),

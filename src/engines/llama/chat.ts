@@ -233,6 +233,7 @@ export class LlamaChatEngine implements ChatEngine {
       prompt_cache_entries: c.entries,
       tokens_generated: s.tokensGenerated,
       decodes: s.decodes,
+      decodes_on_thread: this.#ctx.decodes.onThread,
       batched_tokens: s.batchedTokens,
       checkpoints_saved: s.checkpointsSaved,
       checkpoints_restored: s.checkpointsRestored,
@@ -376,6 +377,8 @@ export class LlamaChatEngine implements ChatEngine {
         if (!firstToken) {
           firstToken = true;
           queue.push({ type: "first_token" });
+          // The first token goes out at once, not at the end of a burst of decodes on this thread.
+          this.#ctx.endBurst();
         }
         return outputs[choice].token(token, logprob);
       },
