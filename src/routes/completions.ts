@@ -32,7 +32,7 @@ export function postCompletions(kit: RouteKit): Handler {
     const prompts = typeof body.prompt === "string" || typeof body.prompt[0] === "number"
       ? 1
       : body.prompt.length;
-    kit.admit(slot, ctx, prompts * (body.n ?? 1));
+    kit.admit(slot, ctx, prompts * (body.n ?? 1), (body.n ?? 1) > 1 ? "n" : "prompt");
     const completionContext = {
       created: kit.now(),
       signal: ctx.signal,
