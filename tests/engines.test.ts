@@ -16,6 +16,7 @@ import { Batch, type FlashAttention, NativeContext, NativeModel } from "../src/e
 import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
 import { OnnxEmbeddingEngine } from "../src/engines/onnx/embedding.ts";
 import { qwen3TokenizerJsonPath } from "../src/models/qwen3_vocab.ts";
+import { Tokenizer } from "@huggingface/tokenizers";
 import { Scheduler } from "../src/engines/llama/scheduler.ts";
 import { TokenSampler } from "../src/engines/llama/sampler.ts";
 import { settles } from "./helpers/poll.ts";
@@ -220,6 +221,27 @@ Deno.test({
     }
     // Unloaded, it refuses instead of leaving a request waiting.
     await assert.rejects(engine.embed([ids[0]]), /unloaded/);
+  },
+});
+
+Deno.test({
+  name: "onnx embeddings: a long text tokenized on the tokenizer's worker gets the thread's own ids",
+  fn: async () => {
+    const { engine } = await onnxSetup();
+    try {
+      const tokenizer = new Tokenizer(JSON.parse(await Deno.readTextFile(qwen3TokenizerJsonPath())), {});
+      const words = ["rivers", " run", "\n\n", "  ", "naïve", "東京", "🙂", "x=1;", "\t", "It's", "123456"];
+      const long = Array.from({ length: 6000 }, (_, i) => words[(i * 7) % words.length]).join("");
+      assert.ok(long.length > 8192);
+      assert.deepEqual(await engine.tokenize(long), tokenizer.encode(long).ids);
+      // A markup string in it: the fragments around it, each on the worker, as plain text.
+      const marked = `${long}<|im_end|>${long}`;
+      const ids = await engine.tokenize(marked);
+      assert.ok(!ids.includes(151645), "no <|im_end|> token from text");
+      assert.equal(engine.detokenize(ids), marked);
+    } finally {
+      await engine.dispose();
+    }
   },
 });
 

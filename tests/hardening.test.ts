@@ -443,14 +443,19 @@ serverTest(
 );
 
 serverTest("deep schemas, bad percent-encoding and huge model values are clear 4xx", async () => {
-  let deep: unknown = { type: "string" };
-  for (let i = 0; i < 5000; i++) deep = { type: "object", properties: { a: deep } };
-  const schema = await postJson(url("/v1/chat/completions"), {
-    model: CHAT,
-    messages: [{ role: "user", content: "x" }],
-    tools: [{ type: "function", function: { name: "f", parameters: deep } }],
-  }, KEY);
-  assertApiError(schema, 400, { code: "schema_too_large", param: "tools[0].function.parameters" });
+  const nested = (levels: number) => {
+    let deep: unknown = { type: "string" };
+    for (let i = 0; i < levels; i++) deep = { type: "object", properties: { a: deep } };
+    return postJson(url("/v1/chat/completions"), {
+      model: CHAT,
+      messages: [{ role: "user", content: "x" }],
+      tools: [{ type: "function", function: { name: "f", parameters: deep } }],
+    }, KEY);
+  };
+  // 200 schema levels (400 of JSON): past the schema's nesting limit, named.
+  assertApiError(await nested(200), 400, { code: "schema_too_large", param: "tools[0].function.parameters" });
+  // 5,000 (10,000 of JSON): past the body's nesting limit, refused before parsing.
+  assertApiError(await nested(5000), 400, { code: "json_too_deep" });
 
   const bad = await fetch(url("/v1/models/%zz"), { headers: { authorization: `Bearer ${KEY}` } });
   assertApiError({ status: bad.status, body: await bad.json() }, 400, { code: "invalid_path" });

@@ -163,6 +163,82 @@ serverTest("one embedding input of megabytes is tokenized off the event loop", a
   );
 });
 
+serverTest("one ONNX embedding input of megabytes is tokenized off the event loop", async () => {
+  // The ONNX models' tokenizer is JavaScript: a 7.8 MB input to tiny-embed-onnx held the event loop
+  // (and /health) for 10-15 s before its 400.
+  const stallsBefore = await longEventLoopStalls(server.url);
+  const res = await postJson(
+    url("/v1/embeddings"),
+    JSON.stringify({ model: "vserve/tiny-embed-onnx", input: "a ".repeat(1_500_000) }),
+    KEY,
+  );
+  assertApiError(res, 400, { param: "input", code: "context_length_exceeded" });
+  assert.equal(
+    await longEventLoopStalls(server.url) - stallsBefore,
+    0,
+    "the event loop was held for a quarter of a second",
+  );
+});
+
+serverTest("deep and dense JSON bodies: refused or parsed in slices, the event loop free", async () => {
+  // One JSON.parse on the JavaScript thread: 8 MB of '[' held it ~500 ms before its 400, an 8 MB
+  // body of arrays nested 200 deep 0.9-1.4 s, 4M empty arrays ~300 ms.
+  const stallsBefore = await longEventLoopStalls(server.url);
+  const open = await postJson(url("/v1/chat/completions"), "[".repeat(8 * 1024 * 1024 - 16), KEY);
+  assertApiError(open, 400, { code: "json_too_deep" });
+  assert.match(open.body.error.message, /more than 512 levels deep/);
+  const closed = await postJson(
+    url("/v1/embeddings"),
+    `{"model":"vserve/tiny-embed-onnx","input":${"[".repeat(1_000_000)}${"]".repeat(1_000_000)}}`,
+    KEY,
+  );
+  assertApiError(closed, 400, { code: "json_too_deep" });
+  // Shallow but dense (nested 200 deep, side by side, 8 MB): parsed, then refused as a request.
+  const unit = `${"[".repeat(200)}${"]".repeat(200)}`;
+  const dense = await postJson(
+    url("/v1/embeddings"),
+    `{"model":"vserve/tiny-embed-onnx","input":[${Array(20_000).fill(unit).join(",")}]}`,
+    KEY,
+  );
+  assertApiError(dense, 400, { param: "input" });
+  // The Anthropic route answers the nesting in its own error shape.
+  const messages = await fetch(url("/v1/messages"), {
+    method: "POST",
+    headers: { ...auth, "content-type": "application/json" },
+    body: "{".repeat(100_000),
+  });
+  assert.equal(messages.status, 400);
+  const body = await messages.json();
+  assert.equal(body.type, "error");
+  assert.equal(body.error.type, "invalid_request_error");
+  assert.match(body.error.message, /more than 512 levels deep/);
+  assert.equal(
+    await longEventLoopStalls(server.url) - stallsBefore,
+    0,
+    "the event loop was held for a quarter of a second",
+  );
+});
+
+serverTest("a large body nested within the limit is parsed as JSON.parse parses it", async () => {
+  // Over 64 KB: parsed in pieces of 32 KB, each large container walked member by member.
+  const input = Array.from(
+    { length: 500 },
+    (_, i) => Array.from({ length: 100 }, (_, j) => (i * 7 + j) % 1000),
+  );
+  const extra = { nested: Array.from({ length: 3000 }, (_, i) => ({ i, s: '],}{[\\"' })) };
+  const text = `{ "model" : "vserve/tiny-embed-onnx", "input": ${JSON.stringify(input)},\n "extra": ${
+    JSON.stringify(extra)
+  }, "encoding_format" : "base64" }`;
+  assert.ok(text.length > 200_000);
+  const res = await postJson(url("/v1/embeddings"), text, KEY);
+  assert.equal(res.status, 200, JSON.stringify(res.body));
+  assert.equal(res.body.data.length, 500);
+  assert.equal(res.body.usage.prompt_tokens, 50_000);
+  assert.equal(typeof res.body.data[0].embedding, "string");
+  const broken = await postJson(url("/v1/embeddings"), `{"input":${JSON.stringify(input)},}`, KEY);
+  assertApiError(broken, 400, { code: "invalid_json" });
+});
+
 serverTest("gzip and deflate bodies are decoded; other encodings are a 415 naming them", async () => {
   const request = { model: CHAT, messages: [{ role: "user", content: "hi" }], max_tokens: 2 };
   for (const format of ["gzip", "deflate"] as const) {

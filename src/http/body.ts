@@ -1,10 +1,13 @@
 /** Reads a request body as JSON within a byte limit, with OpenAI-style errors for each fault. */
 import { abortedError, ApiError, badRequest } from "./errors.ts";
+import { Slicer } from "../event_loop.ts";
+import { JsonBodyError, parseJsonInSlices } from "./json_slices.ts";
 
 /**
  * Parses the JSON body of `req`, refusing non-JSON content types and content encodings other than
  * gzip and deflate (415), bodies over `limitBytes` sent or decompressed (413), invalid UTF-8 and
- * malformed JSON (400).
+ * malformed JSON and nesting deeper than 512 levels (400). A large body is parsed in slices with
+ * turns of the event loop between them (see json_slices.ts).
  *
  * @example
  * ```ts
@@ -41,13 +44,11 @@ export async function readJsonBody(req: Request, limitBytes: number, timeoutMs =
   if (text.trim() === "") throw badRequest("The request body is empty; send a JSON object.");
   let body: unknown;
   try {
-    body = JSON.parse(text);
+    body = await parseJsonInSlices(text, new Slicer(10, req.signal));
   } catch (e) {
-    throw badRequest(
-      `The request body is not valid JSON (${(e as Error).message}).`,
-      null,
-      "invalid_json",
-    );
+    if (!(e instanceof JsonBodyError)) throw abortedError(e);
+    if (e.depth) throw badRequest(e.message, null, "json_too_deep");
+    throw badRequest(`The request body is not valid JSON (${e.message}).`, null, "invalid_json");
   }
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     throw badRequest("The request body must be a JSON object.", null, "invalid_json");

@@ -6,6 +6,7 @@ import type { EmbeddingEngine } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { SessionReply, SessionRequest } from "./session_worker.ts";
 import type { ComputeClient } from "../compute_share.ts";
+import type { TokenizerReply, TokenizerRequest } from "./tokenizer_worker.ts";
 
 /** True when onnxruntime-node's CUDA provider libraries are installed beside its binding. */
 export function cudaProviderInstalled(): boolean {
@@ -41,6 +42,56 @@ export interface OnnxEmbeddingOptions {
 const MAX_BATCH_TOKENS = 16_384;
 /** Most tokens a request may be owed: one that could not run for a while does not then take over. */
 const MAX_CREDIT = 2048;
+
+/** Texts longer than this (UTF-16 units) are tokenized on the tokenizer's worker (~1 ms here). */
+const LONG_TEXT = 8192;
+
+/**
+ * The tokenizer on a worker thread, started with the first long text: one at a time, in order.
+ */
+class TokenizerClient {
+  readonly #worker: Worker;
+  readonly #waiting = new Map<number, { resolve: (ids: number[]) => void; reject: (e: Error) => void }>();
+  #next = 0;
+  #failed?: Error;
+
+  constructor(tokenizerJson: unknown, tokenizerConfig: unknown) {
+    this.#worker = new Worker(new URL("./tokenizer_worker.ts", import.meta.url), { type: "module" });
+    this.#worker.onmessage = (e: MessageEvent<TokenizerReply>) => {
+      const reply = e.data;
+      const waiter = this.#waiting.get(reply.id);
+      this.#waiting.delete(reply.id);
+      if (reply.type === "error") waiter?.reject(new Error(reply.message));
+      else waiter?.resolve(Array.from(reply.ids));
+    };
+    this.#worker.onerror = (e: ErrorEvent) => {
+      e.preventDefault();
+      this.#fail(new Error(`the tokenizer worker failed: ${e.message}`));
+    };
+    this.#worker.postMessage({ type: "load", tokenizerJson, tokenizerConfig } satisfies TokenizerRequest);
+  }
+
+  #fail(error: Error) {
+    this.#failed ??= error;
+    for (const w of this.#waiting.values()) w.reject(error);
+    this.#waiting.clear();
+  }
+
+  /** The ids of `text`, as `Tokenizer.encode` gives them. */
+  encode(text: string, addSpecialTokens: boolean): Promise<number[]> {
+    if (this.#failed) return Promise.reject(this.#failed);
+    const id = this.#next++;
+    return new Promise((resolve, reject) => {
+      this.#waiting.set(id, { resolve, reject });
+      this.#worker.postMessage({ type: "encode", id, text, addSpecialTokens } satisfies TokenizerRequest);
+    });
+  }
+
+  close() {
+    this.#fail(new Error("the model is unloaded"));
+    this.#worker.terminate();
+  }
+}
 
 /**
  * The onnxruntime session in its worker (see `session_worker.ts`): one run at a time, answered in
@@ -127,6 +178,9 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   readonly vocabSize: number;
   readonly #session: SessionClient;
   readonly #tokenizer: Tokenizer;
+  /** What builds the tokenizer's worker (for texts over {@link LONG_TEXT}), and the worker once built. */
+  readonly #tokenizerSource: { json: unknown; config: unknown };
+  #offThread?: TokenizerClient;
   /** The tokenizer's added tokens: inputs are text, none of it becomes one of them. */
   readonly #markup: Markup;
   /** What the tokenizer's post-processor puts around a text (e.g. BERT's [CLS] … [SEP]). */
@@ -149,9 +203,11 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     vocabSize: number,
     pad: number,
     markup: MarkupToken[],
+    tokenizerSource: { json: unknown; config: unknown },
   ) {
     this.#session = session;
     this.#tokenizer = tokenizer;
+    this.#tokenizerSource = tokenizerSource;
     this.#markup = new Markup(markup);
     this.#wrap = postProcessorWrap(tokenizer);
     this.#opts = opts;
@@ -196,7 +252,10 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
       added.find((a) => a.content === (typeof padName === "string" ? padName : padName.content))?.id ?? 0;
     // The tokenizer matches every added token in text, special or not.
     const markup = added.map((a) => ({ id: a.id, text: a.content, matchedInText: true }));
-    const engine = new OnnxEmbeddingEngine(session, tokenizer, opts, 0, vocabSize, pad, markup);
+    const engine = new OnnxEmbeddingEngine(session, tokenizer, opts, 0, vocabSize, pad, markup, {
+      json: tokenizerJson,
+      config: tokenizerConfig,
+    });
     let probe: Float32Array[];
     try {
       probe = await engine.#run([[pad]]);
@@ -208,13 +267,23 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     return { engine, provider };
   }
 
-  tokenize(text: string): Promise<number[]> {
+  async tokenize(text: string): Promise<number[]> {
     const fragments = this.#markup.fragments(text);
-    if (fragments.length === 1) return Promise.resolve(this.completeTokens(this.#tokenizer.encode(text).ids));
+    if (fragments.length === 1) return this.completeTokens(await this.#encode(text, true));
     const ids = [...this.#wrap.before];
-    for (const f of fragments) ids.push(...this.#tokenizer.encode(f, { add_special_tokens: false }).ids);
+    for (const f of fragments) for (const id of await this.#encode(f, false)) ids.push(id);
     ids.push(...this.#wrap.after);
-    return Promise.resolve(this.completeTokens(ids));
+    return this.completeTokens(ids);
+  }
+
+  /** `text`'s ids; a long text is tokenized on the tokenizer's worker (the event loop goes on). */
+  async #encode(text: string, addSpecialTokens: boolean): Promise<number[]> {
+    if (text.length <= LONG_TEXT) {
+      return this.#tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
+    }
+    const { json, config } = this.#tokenizerSource;
+    this.#offThread ??= new TokenizerClient(json, config);
+    return await this.#offThread.encode(text, addSpecialTokens);
   }
 
   detokenize(ids: readonly number[]): string {
@@ -360,6 +429,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     for (const job of this.#jobs) rejectRest(job, new Error("the model is unloading"));
     this.#jobs = [];
     while (this.#running) await new Promise((r) => setTimeout(r, 10));
+    this.#offThread?.close();
     await this.#session.close();
   }
 }
