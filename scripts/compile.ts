@@ -47,6 +47,8 @@ const args = [
   "--include",
   "src/engines/onnx/session_worker.ts",
   "--include",
+  "src/engines/onnx/tokenizer_worker.ts",
+  "--include",
   "src/engines/llama/template_worker.ts",
   "--include",
   "src/exit_guard_worker.ts",

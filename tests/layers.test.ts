@@ -52,3 +52,25 @@ Deno.test("layer check: the tree's imports all point down, and no modules import
   assert.deepEqual(upward, []);
   assert.deepEqual(loops, []);
 });
+
+Deno.test("every module started as a worker by URL is included in the compiled binary (scripts/compile.ts)", async () => {
+  const compile = await Deno.readTextFile(`${ROOT}/scripts/compile.ts`);
+  const workers: string[] = [];
+  const walk = async (dir: string) => {
+    for await (const e of Deno.readDir(`${ROOT}/${dir}`)) {
+      const path = `${dir}/${e.name}`;
+      if (e.isDirectory) await walk(path);
+      else if (e.name.endsWith(".ts")) {
+        const text = await Deno.readTextFile(`${ROOT}/${path}`);
+        for (const m of text.matchAll(/new Worker\(new URL\("\.\/([^"]+)", import\.meta\.url\)/g)) {
+          workers.push(`${dir}/${m[1]}`);
+        }
+      }
+    }
+  };
+  await walk("src");
+  assert.ok(workers.length >= 5, `${workers.length} workers found`);
+  for (const w of workers) {
+    assert.ok(compile.includes(`"${w}"`), `${w} is not in scripts/compile.ts's --include list`);
+  }
+});
