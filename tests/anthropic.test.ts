@@ -335,6 +335,9 @@ serverTest("tools: a call forced by tool_choice tool / any, then a tool_result t
   const tokens = async (isError: boolean) =>
     (await client.messages.countTokens(turn(isError) as never)).input_tokens;
   assert.ok((await tokens(true)) > (await tokens(false)), "is_error marks the result as an error");
+  // Under none the tools stay in the prompt (the same prompt as under auto: a cached prefix survives).
+  const auto = await client.messages.countTokens({ ...turn(false), tool_choice: { type: "auto" } } as never);
+  assert.equal(await tokens(false), auto.input_tokens);
 
   // Streamed: the call arrives as input_json_delta fragments; the SDK assembles the input object.
   const raw = await stream({

@@ -187,13 +187,25 @@ export class LlamaChatEngine implements ChatEngine {
     };
   }
 
-  /** The prompt text for a job. */
+  /**
+   * The prompt text for a job. The tools are in it under every tool_choice: under `none` too, as
+   * OpenAI and Anthropic keep them visible, so an agent's turn without calls keeps the prompt prefix
+   * of its other turns (and the model cannot open a call: see {@link #samplingOf}).
+   */
   renderPrompt(job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">): string {
-    return this.#template.render(
-      job.messages,
-      job.toolChoice === "none" ? [] : job.tools,
-      job.enableThinking,
-    );
+    return this.#template.render(job.messages, job.tools, job.enableThinking);
+  }
+
+  /**
+   * A job's sampling options; under tool_choice `none` with tools, the token that opens a call is
+   * never sampled. (A dialect whose opener is several tokens gets no ban: its call markup is then
+   * plain text, since nothing is parsed as a call under `none`.)
+   */
+  #samplingOf(job: ChatJob): SamplingOptions {
+    if (job.toolChoice !== "none" || job.tools.length === 0 || this.#openTokens.length !== 1) {
+      return job.sampling;
+    }
+    return { ...job.sampling, logitBias: { ...job.sampling.logitBias, [this.#openTokens[0]]: -100 } };
   }
 
   detokenize(tokens: readonly number[]): string {
@@ -239,7 +251,7 @@ export class LlamaChatEngine implements ChatEngine {
     const grammar = await this.#grammar(job, inThink, thinking, signal);
     const grammars = Array.from({ length: job.n }, (_, i) => i === 0 ? grammar : grammar?.clone() ?? null);
     const seed = job.sampling.seed ?? Math.floor(Math.random() * 2 ** 32);
-    const sampler = new TokenSampler(samplingParams(job.sampling, seed), this.#model.nVocab);
+    const sampler = new TokenSampler(samplingParams(this.#samplingOf(job), seed), this.#model.nVocab);
     const choices = grammars.map((g, i) => ({
       sampler: i === 0 ? sampler : sampler.fork(seed + i),
       grammar: g,
