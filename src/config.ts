@@ -178,7 +178,8 @@ export const SETTINGS: readonly Setting[] = [
     key: "reasoningKey",
     flag: "reasoning-key",
     kind: "string",
-    help: "secret (32+ characters) sealing Responses reasoning.encrypted_content; unset: a random key, " +
+    help: "secret (32+ characters) sealing Responses reasoning.encrypted_content and Anthropic thinking " +
+      "signatures; unset: a random key, " +
       "so blobs do not survive a restart or reach another replica",
   },
   { key: "logFormat", flag: "log-format", kind: "string", help: "json | pretty" },

@@ -78,7 +78,10 @@ export interface ServerDeps {
   onRequest?: () => void;
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
-  /** Hosted-tool policy and reasoning sealing of `/v1/responses` (default: ignore, a key made here). */
+  /**
+   * Hosted-tool policy of `/v1/responses`, and the sealing of reasoning there and of thinking
+   * signatures on `/v1/messages` (default: ignore, a key made here).
+   */
   responses?: ResponsesOptions;
 }
 
@@ -291,7 +294,8 @@ export function createServer(deps: ServerDeps): ServerHandler {
       handler: async (req, ctx) => {
         const body = await parse(req, MessagesRequestSchema);
         const { slot, engine } = chatEngine(body.model, ctx);
-        return await postMessages(body, engine, chatContext(slot, ctx));
+        const { sealer } = await responsesOptions;
+        return await postMessages(body, engine, chatContext(slot, ctx), sealer);
       },
     },
     {
@@ -304,7 +308,8 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ctx.model = body.model;
         allowedSlot(body.model, ctx.key);
         const { slot, engine } = deps.registry.engine(body.model, "chat");
-        return postCountTokens(body, engine, slot.spec.thinking, ctx.id);
+        const { sealer } = await responsesOptions;
+        return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, sealer);
       },
     },
     ...["GET", "DELETE"].map((method): Route => ({

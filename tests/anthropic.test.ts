@@ -269,12 +269,78 @@ serverTest(
     const count = async (thinking: Json[]) =>
       (await post(history(thinking), {}, "/v1/messages/count_tokens")).body.input_tokens;
     const withSignature = await count([hidden]);
-    const inClear = await count([{ type: "thinking", thinking: "I will look it up.", signature: "x" }]);
     const none = await count([]);
     assert.ok(withSignature > none, "the omitted thinking is in the prompt again");
-    assert.notEqual(inClear, withSignature);
-    const visible = await count([{ ...hidden, thinking: "", signature: block.signature }]);
-    assert.equal(visible, none, "a digest signature restores nothing (the text was shown)");
+    // A shown block's signature seals its text too: sent back with or without the text, the same prompt.
+    assert.equal(await count([{ ...block, thinking: "" }]), await count([block]));
+    assert.ok((await count([block])) > none);
+    // A block without a signature gives its own text.
+    assert.notEqual(await count([{ type: "thinking", thinking: "I will look it up." }]), withSignature);
+    // The Responses API's sealed reasoning is the same seal.
+    const sealed = await (await fetch(`${server.url}/v1/responses`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({
+        model: MODEL,
+        input: "Think",
+        max_output_tokens: 12,
+        include: ["reasoning.encrypted_content"],
+      }),
+    })).json();
+    const item = sealed.output.find((o: Json) => o.type === "reasoning");
+    assert.equal(
+      await count([{ type: "thinking", thinking: "", signature: item.encrypted_content }]),
+      await count([{ type: "thinking", thinking: item.summary[0].text }]),
+    );
+  },
+);
+
+serverTest(
+  "a thinking block whose signature was altered, or whose text was, is Anthropic's 400 (also streamed)",
+  async () => {
+    const first = await client.messages.create({
+      model: MODEL,
+      max_tokens: 12,
+      thinking: { type: "enabled", budget_tokens: 1024 },
+      messages: [{ role: "user", content: "Think" }],
+    });
+    const block = first.content[0] as Json;
+    assert.equal(block.type, "thinking");
+    const sig: string = block.signature;
+    const flipped = sig.slice(0, 20) + (sig[20] === "A" ? "B" : "A") + sig.slice(21);
+    const history = (thinking: Json) => ({
+      model: MODEL,
+      max_tokens: 2,
+      thinking: OFF,
+      messages: [
+        { role: "user", content: "Think" },
+        { role: "assistant", content: [thinking, { type: "text", text: "Done." }] },
+        { role: "user", content: "Again" },
+      ],
+    });
+    for (
+      const bad of [
+        { ...block, signature: flipped },
+        { ...block, thinking: "", signature: flipped },
+        { ...block, thinking: block.thinking + " (edited)" },
+        { ...block, signature: "EqQBCkgIARABGAIiQL" }, // another provider's
+      ]
+    ) {
+      for (const path of ["/v1/messages", "/v1/messages/count_tokens"]) {
+        const res = await post(history(bad), {}, path);
+        await assertAnthropicError(
+          res,
+          400,
+          "invalid_request_error",
+          "Invalid `signature` in `thinking` block",
+        );
+        assert.ok(res.body.error.message.startsWith("messages[1].content[0]"), res.body.error.message);
+      }
+      const streamed = await post({ ...history(bad), stream: true });
+      await assertAnthropicError(streamed, 400, "invalid_request_error", "Invalid `signature`");
+    }
+    const ok = await post(history(block));
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
   },
 );
 
@@ -398,6 +464,42 @@ serverTest("count_tokens equals the prompt tokens of the same request", async ()
   assert.equal(counted.input_tokens, res.usage.input_tokens + (res.usage.cache_read_input_tokens ?? 0));
   assert.equal(res.usage.cache_creation_input_tokens, 0);
 });
+
+serverTest(
+  "a system message inside the conversation is a <system-reminder> user turn of its own, as on every API",
+  async () => {
+    const body = {
+      model: MODEL,
+      thinking: OFF,
+      system: "Base.",
+      messages: [
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "ok" },
+        { role: "system", content: [{ type: "text", text: "Late." }] },
+        { role: "user", content: "go" },
+        { role: "system", content: "Later." },
+      ],
+    };
+    const counted = await post(body, {}, "/v1/messages/count_tokens");
+    assert.equal(counted.status, 200, JSON.stringify(counted.body));
+    const rendered = await postJson(`${server.url}/tokenize`, {
+      model: MODEL,
+      messages: [
+        { role: "system", content: "Base." },
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "ok" },
+        { role: "user", content: "<system-reminder>\nLate.\n</system-reminder>" },
+        { role: "user", content: "go" },
+        { role: "user", content: "<system-reminder>\nLater.\n</system-reminder>" },
+      ],
+      chat_template_kwargs: { enable_thinking: false },
+    }, KEY);
+    assert.equal(counted.body.input_tokens, rendered.body.count);
+    const res = await post({ ...body, max_tokens: 1 });
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    assert.equal(res.body.usage.input_tokens + res.body.usage.cache_read_input_tokens, rendered.body.count);
+  },
+);
 
 serverTest("errors: Anthropic's shape and status, naming the field", async () => {
   const base = { model: MODEL, max_tokens: 4, messages: [{ role: "user", content: "Hi" }] };

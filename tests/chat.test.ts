@@ -556,7 +556,7 @@ serverTest("a schema keyword the grammar cannot enforce is 400 naming it", async
 });
 
 serverTest(
-  "leading system and developer messages are joined into one; a later one is a user turn in its place",
+  "leading system and developer messages are joined into one; a later one is a <system-reminder> user turn in its place",
   async () => {
     // The spec model's template takes one system message, first (as Qwen3.6's does).
     const res = await create({
@@ -567,6 +567,7 @@ serverTest(
         { role: "system", content: "Permissions." },
         { role: "user", content: "hi" },
         { role: "developer", content: "Late instruction." },
+        { role: "system", content: " " },
       ],
       chat_template_kwargs: { enable_thinking: false },
     });
@@ -581,9 +582,20 @@ serverTest(
       ],
     }, KEY);
     assert.equal(rendered.status, 200, JSON.stringify(rendered.body));
+    // The request was that prompt (an empty late message adds nothing).
+    const explicit = await postJson(`${server.url}/tokenize`, {
+      model: SPEC_MODEL,
+      messages: [
+        { role: "system", content: "Base prompt.\n\nPermissions." },
+        { role: "user", content: "hi" },
+        { role: "user", content: "<system-reminder>\nLate instruction.\n</system-reminder>" },
+      ],
+      chat_template_kwargs: { enable_thinking: false },
+    }, KEY);
+    assert.equal(res.usage!.prompt_tokens, explicit.body.count);
     assert.match(
       rendered.body.prompt,
-      /^<\|im_start\|>system\nBase prompt\.\n\nPermissions\.<\|im_end\|>\n<\|im_start\|>user\nhi<\|im_end\|>\n<\|im_start\|>user\nLate instruction\.<\|im_end\|>\n/,
+      /^<\|im_start\|>system\nBase prompt\.\n\nPermissions\.<\|im_end\|>\n<\|im_start\|>user\nhi<\|im_end\|>\n<\|im_start\|>user\n<system-reminder>\nLate instruction\.\n<\/system-reminder><\|im_end\|>\n/,
     );
     // Only system text and no user query is still the template's 400, with its reason.
     const noUser = await postJson(

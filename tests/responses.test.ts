@@ -920,6 +920,36 @@ serverTest(
 );
 
 serverTest(
+  "a developer or system message after the first turn is a <system-reminder> user turn, as on chat completions",
+  async () => {
+    const res = await create({
+      model: MODEL,
+      instructions: "Base.",
+      input: [
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "ok" },
+        { type: "message", role: "developer", content: [{ type: "input_text", text: "Late." }] },
+        { role: "system", content: "Later." },
+      ],
+      max_output_tokens: 1,
+      ...NO_THINKING,
+    });
+    const rendered = await postJson(`${server.url}/tokenize`, {
+      model: MODEL,
+      messages: [
+        { role: "system", content: "Base." },
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "ok" },
+        { role: "user", content: "<system-reminder>\nLate.\n</system-reminder>" },
+        { role: "user", content: "<system-reminder>\nLater.\n</system-reminder>" },
+      ],
+      chat_template_kwargs: { enable_thinking: false },
+    }, KEY);
+    assert.equal(res.usage.input_tokens, rendered.body.count);
+  },
+);
+
+serverTest(
   "reasoning round trip: encrypted_content restores the thinking; an altered one is a 400 naming the item",
   async () => {
     // Thinking on; `</think>` (151668) favoured so that it ends within a few tokens.

@@ -8,6 +8,7 @@ import { SSE_HEADERS, sseData, sseStream } from "../http/sse.ts";
 import type { AnthropicError, CountTokensRequest, MessagesRequest } from "../protocol/anthropic.ts";
 import type { ChatEngine } from "../engines/types.ts";
 import type { ChatContext } from "../services/chat.ts";
+import type { ReasoningSealer } from "../services/reasoning_seal.ts";
 import { anthropicError, countTokens, createMessage } from "../services/messages.ts";
 
 /** Keep-alive while the model is silent, as Anthropic sends it. */
@@ -18,15 +19,16 @@ const PING = sseData({ type: "ping" }, "ping");
  *
  * @example
  * ```ts
- * return await postMessages(body, engine, chatContext(slot, ctx));
+ * return await postMessages(body, engine, chatContext(slot, ctx), sealer);
  * ```
  */
 export async function postMessages(
   req: MessagesRequest,
   engine: ChatEngine,
   ctx: ChatContext,
+  sealer: ReasoningSealer,
 ): Promise<Response> {
-  const run = await createMessage(req, engine, ctx);
+  const run = await createMessage(req, engine, ctx, sealer);
   const headers = { "request-id": ctx.requestId };
   if (run.kind === "message") return jsonResponse(run.message, 200, headers);
   const body = sseStream(run.events, { pingMs: 15_000, ping: PING, done: false, event: (e) => e.type });
@@ -38,16 +40,18 @@ export async function postMessages(
  *
  * @example
  * ```ts
- * return postCountTokens(body, engine, slot.spec.thinking, ctx.id);
+ * return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, sealer);
  * ```
  */
-export function postCountTokens(
+export async function postCountTokens(
   req: CountTokensRequest,
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
   requestId: string,
-): Response {
-  return jsonResponse(countTokens(req, engine, defaultThinking), 200, { "request-id": requestId });
+  sealer: ReasoningSealer,
+): Promise<Response> {
+  const count = await countTokens(req, engine, defaultThinking, sealer);
+  return jsonResponse(count, 200, { "request-id": requestId });
 }
 
 /**

@@ -4,7 +4,6 @@
  * thinking, limits, schema checks and cancellation are those of `/v1/chat/completions`; its output
  * is read back into a message, or into Anthropic's stream events.
  */
-import { createHash } from "node:crypto";
 import type { z } from "zod";
 import { ApiError, badRequest, formatPath } from "../http/errors.ts";
 import type { ChatChunk, ChatCompletion, ChatMessage, ChatRequest } from "../protocol/chat.ts";
@@ -26,6 +25,7 @@ import {
 } from "../protocol/anthropic.ts";
 import type { ChatEngine, ChatEvent } from "../engines/types.ts";
 import { type ChatContext, runChat, toJob } from "./chat.ts";
+import type { ReasoningSealer } from "./reasoning_seal.ts";
 
 /** A messages request's outcome: the whole message, or its stream events (errors become an `error` event). */
 export type MessagesRun =
@@ -46,8 +46,9 @@ export async function createMessage(
   req: MessagesRequest,
   engine: ChatEngine,
   ctx: ChatContext,
+  sealer: ReasoningSealer,
 ): Promise<MessagesRun> {
-  const { chat, params, omitThinking } = toChatRequest(req);
+  const { chat, params, omitThinking } = await toChatRequest(req, sealer);
   // What the chat objects do not carry: the prompt's counts at the start, and which stop sequence ended it.
   const seen: { prompt?: Extract<ChatEvent, { type: "prompt" }>; stopSequence?: string } = {};
   const observed = observe(engine, (e) => {
@@ -66,9 +67,10 @@ export async function createMessage(
     maxTokens: req.max_tokens,
     omitThinking,
     contextManagement: req.context_management != null,
+    seal: (text: string) => sealer.seal(text),
   };
   if (run.kind === "completion") {
-    return { kind: "message", message: fromCompletion(base, run.completion, seen.stopSequence) };
+    return { kind: "message", message: await fromCompletion(base, run.completion, seen.stopSequence) };
   }
   const toError = (e: unknown) => renameParam(run.toError(e), params);
   return {
@@ -85,15 +87,16 @@ export async function createMessage(
  *
  * @example
  * ```ts
- * countTokens(body, engine, undefined); // { input_tokens: 1234 }
+ * await countTokens(body, engine, undefined, sealer); // { input_tokens: 1234 }
  * ```
  */
-export function countTokens(
+export async function countTokens(
   req: CountTokensRequest,
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
-): MessageTokensCount {
-  const { chat, params } = toChatRequest({ ...req, max_tokens: 1 });
+  sealer: ReasoningSealer,
+): Promise<MessageTokensCount> {
+  const { chat, params } = await toChatRequest({ ...req, max_tokens: 1 }, sealer);
   if (engine.upstreams) {
     throw badRequest(
       `The model '${req.model.slice(0, 256)}' is served by upstream servers, whose tokenizer is theirs: ` +
@@ -125,12 +128,15 @@ interface ParamMap {
 /** Claude Code's first system block: per-request billing data that would defeat prompt reuse. */
 const BILLING_HEADER = /^x-anthropic-billing-header:[^\n]*\n?/;
 
-/** The chat request an Anthropic request means, where its parts came from, and the thinking display. */
-export function toChatRequest(req: MessagesRequest): {
+/**
+ * The chat request an Anthropic request means, where its parts came from, and the thinking display.
+ * Thinking signatures are opened with `sealer` (a signature that does not open is a 400).
+ */
+export async function toChatRequest(req: MessagesRequest, sealer: ReasoningSealer): Promise<{
   chat: ChatRequest;
   params: ParamMap;
   omitThinking: boolean;
-} {
+}> {
   if (req.mcp_servers?.length) {
     throw badRequest(
       "mcp_servers are connected by Anthropic's servers; this server connects to none. " +
@@ -148,6 +154,7 @@ export function toChatRequest(req: MessagesRequest): {
   const system = systemText(req.system);
   if (system) push({ role: "system", content: system }, "system");
 
+  const signatures = await openSignatures(req.messages, sealer);
   const referenced = new Set<string>();
   const callNames = new Map<string, string>();
   const last = () => messages.at(-1);
@@ -160,12 +167,8 @@ export function toChatRequest(req: MessagesRequest): {
   req.messages.forEach((m, i) => {
     const at = `messages[${i}]`;
     if (m.role === "system") {
-      const text = textOf(m.content);
-      if (messages.length === 0 || (messages.length === 1 && messages[0].role === "system")) {
-        // Leading system messages are the system prompt.
-        if (messages.length === 0) push({ role: "system", content: text }, at);
-        else messages[0].content = joinText([messages[0].content as string, text], "\n\n");
-      } else if (text.trim()) userText(reminder(text), at);
+      // As on every API (toEngineMessages): leading ones join the system prompt, later ones are reminders.
+      push({ role: "system", content: textOf(m.content) }, at);
       return;
     }
     const blocks = typeof m.content === "string" ? [{ type: "text" as const, text: m.content }] : m.content;
@@ -211,7 +214,7 @@ export function toChatRequest(req: MessagesRequest): {
           a.content = joinText([a.content as string ?? "", b.text]);
           break;
         case "thinking": {
-          const text = b.thinking || thinkingFromSignature(b.signature);
+          const text = thinkingOf(b, signatures, bat);
           if (text) a.reasoning_content = joinText([a.reasoning_content ?? "", text], "\n\n");
           break;
         }
@@ -232,7 +235,7 @@ export function toChatRequest(req: MessagesRequest): {
     });
   });
   const final = last();
-  if (!final || final.role === "assistant" || final.role === "system") {
+  if (final?.role === "assistant" || !messages.some((m) => m.role === "user" || m.role === "tool")) {
     const i = req.messages.length - 1;
     throw badRequest(
       final?.role === "assistant"
@@ -320,12 +323,6 @@ function systemText(system: MessagesRequest["system"]): string {
 
 function textOf(content: string | { text: string }[]): string {
   return typeof content === "string" ? content : joinText(content.map((b) => b.text));
-}
-
-/** A system message inside the conversation, as the user-side text the template allows there. */
-function reminder(text: string): string {
-  const t = text.trim();
-  return t.startsWith("<system-reminder>") ? t : `<system-reminder>\n${t}\n</system-reminder>`;
 }
 
 function toolResultText(
@@ -430,28 +427,49 @@ interface Base {
   maxTokens: number;
   omitThinking: boolean;
   contextManagement: boolean;
+  /** A thinking block's signature: its thinking, sealed (so that the block sent back restores it). */
+  seal: (thinking: string) => Promise<string>;
+}
+
+/** The thinking each distinct signature in the conversation seals (null: it does not open). */
+async function openSignatures(
+  messages: MessagesRequest["messages"],
+  sealer: ReasoningSealer,
+): Promise<Map<string, string | null>> {
+  const signatures = new Set<string>();
+  for (const m of messages) {
+    if (m.role !== "assistant" || typeof m.content === "string") continue;
+    for (const b of m.content) if (b.type === "thinking" && b.signature) signatures.add(b.signature);
+  }
+  const opened = await Promise.all([...signatures].map(async (s) => [s, await sealer.open(s)] as const));
+  return new Map(opened);
 }
 
 /**
- * A thinking block's signature: the thinking itself (base64) when the display is `omitted`, so
- * that the block sent back restores it; otherwise a digest. Not a secret and not checked: the
- * client sends the whole conversation anyway.
+ * The thinking a block gives the prompt. Its signature is the thinking sealed by this server (see
+ * reasoning_seal.ts, as the Responses API's `encrypted_content`): it restores the text when the
+ * block's is empty (`display: "omitted"`). A signature that does not open, or a text that differs
+ * from the sealed one, is Anthropic's 400; a block without a signature gives its text as it is.
  */
-function signature(thinking: string, omitted: boolean): string {
-  const bytes = new TextEncoder().encode(thinking);
-  if (omitted) return `vserve1.${btoa(Array.from(bytes, (b) => String.fromCharCode(b)).join(""))}`;
-  return `vserve1-sha256.${createHash("sha256").update(bytes).digest("base64")}`;
-}
-
-function thinkingFromSignature(sig: string | null | undefined): string {
-  if (!sig?.startsWith("vserve1.")) return "";
-  try {
-    return new TextDecoder("utf-8", { fatal: true }).decode(
-      Uint8Array.from(atob(sig.slice("vserve1.".length)), (c) => c.charCodeAt(0)),
+function thinkingOf(
+  b: { thinking: string; signature?: string | null },
+  signatures: ReadonlyMap<string, string | null>,
+  at: string,
+): string {
+  if (!b.signature) return b.thinking;
+  const sealed = signatures.get(b.signature);
+  if (sealed == null || (b.thinking !== "" && b.thinking !== sealed)) {
+    throw badRequest(
+      "Invalid `signature` in `thinking` block: " +
+        (sealed == null
+          ? "it was not issued by this server under its current key (a key generated at start does not " +
+            "survive a restart; see --reasoning-key), or it was altered."
+          : "the thinking text is not the one the signature was issued for; send thinking blocks back unchanged."),
+      at,
+      "invalid_signature",
     );
-  } catch {
-    return "";
   }
+  return sealed;
 }
 
 const toolUseId = (id: string) => id.startsWith("toolu_") ? id : `toolu_${id.replace(/^call_/, "")}`;
@@ -497,14 +515,18 @@ function inputObject(args: string): Record<string, unknown> {
   }
 }
 
-function fromCompletion(base: Base, completion: ChatCompletion, stopSequence?: string): Message {
+async function fromCompletion(
+  base: Base,
+  completion: ChatCompletion,
+  stopSequence?: string,
+): Promise<Message> {
   const m = completion.choices[0].message;
   const content: ContentBlock[] = [];
   if (m.reasoning_content) {
     content.push({
       type: "thinking",
       thinking: base.omitThinking ? "" : m.reasoning_content,
-      signature: signature(m.reasoning_content, base.omitThinking),
+      signature: await base.seal(m.reasoning_content),
     });
   }
   if (m.content) content.push({ type: "text", text: m.content });
@@ -579,24 +601,24 @@ export async function* streamEvents(
   let finish: string | null = null;
   let usage: CompletionUsage | undefined;
 
-  function* close(): Generator<MessageStreamEvent> {
+  async function* close(): AsyncGenerator<MessageStreamEvent> {
     if (open === "thinking") {
       yield {
         type: "content_block_delta",
         index,
-        delta: { type: "signature_delta", signature: signature(thinking, base.omitThinking) },
+        delta: { type: "signature_delta", signature: await base.seal(thinking) },
       };
     }
     if (open) yield { type: "content_block_stop", index };
     open = undefined;
   }
-  function* start(block: ContentBlock): Generator<MessageStreamEvent> {
+  async function* start(block: ContentBlock): AsyncGenerator<MessageStreamEvent> {
     yield* close();
     index++;
     open = block.type;
     yield { type: "content_block_start", index, content_block: block };
   }
-  function* text(delta: string): Generator<MessageStreamEvent> {
+  async function* text(delta: string): AsyncGenerator<MessageStreamEvent> {
     if (open !== "text") yield* start({ type: "text", text: "" });
     yield { type: "content_block_delta", index, delta: { type: "text_delta", text: delta } };
   }
