@@ -26,7 +26,6 @@ import { createEntryEmbeddings } from "./services/upstream_embeddings.ts";
 import { modelStatus } from "./upstream/status.ts";
 import { relayCompletion } from "./upstream/completions.ts";
 import { poolOf } from "./upstream/load.ts";
-import type { CompletionUsage } from "./protocol/common.ts";
 import { openApiDocument, type RouteInfo } from "./http/openapi.ts";
 import { type ChatContext, createChatCompletion } from "./services/chat.ts";
 import { createResponse, IGNORED_TOOLS_HEADER, type ResponsesOptions } from "./services/responses.ts";
@@ -211,6 +210,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       signal: ctx.signal,
       log: deps.log,
       requestId: ctx.id,
+      // The wait ends when the engine starts the job: it got its sequences (or was sent upstream).
       onStarted: (at = performance.now()) => (ctx.queueWaitMs = Math.max(0, at - started)),
       onFirstToken: () =>
         deps.metrics.ttft.observe({ model: slot.spec.id }, (performance.now() - started) / 1000),
@@ -340,17 +340,8 @@ export function createServer(deps: ServerDeps): ServerHandler {
           ? 1
           : body.prompt.length;
         admit(slot, ctx, prompts * (body.n ?? 1));
-        const completionContext = {
-          created: now(),
-          signal: ctx.signal,
-          log: deps.log,
-          requestId: ctx.id,
-          systemFingerprint: slot.details.system_fingerprint as string | undefined,
-          onUsage: (u: CompletionUsage) => {
-            ctx.promptTokens = u.prompt_tokens;
-            ctx.completionTokens = u.completion_tokens;
-          },
-        };
+        // The chat path's context: the same usage, fingerprint and queue wait (until every prompt started).
+        const completionContext = chatContext(slot, ctx);
         // A model served by upstreams relays the request: the prompt's tokens are the upstream's.
         const pool = poolOf(engine);
         if (pool) return await relayCompletion(body, pool, completionContext);

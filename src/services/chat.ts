@@ -36,7 +36,7 @@ export interface ChatContext {
   requestId: string;
   /** `system_fingerprint`: the engine build and the model file's digest. */
   systemFingerprint?: string;
-  /** The engine started the job (sequences were free; a remote engine: at `startedAt`, when it sent it). */
+  /** The engine started the job at `startedAt`: it got its sequences (a remote engine: it sent the request). */
   onStarted?: (startedAt?: number) => void;
   /** The first token arrived. */
   onFirstToken?: () => void;

@@ -260,6 +260,7 @@ export class LlamaChatEngine implements ChatEngine {
     const promptEntries: TokenLogprobInfo[] = [];
     const outputs = choices.map((_, i) => new ChoiceOutput(i, this, job, inThink, queue, raw));
     let firstToken = false;
+    let startedAt: number | undefined;
     const stop = new AbortController();
     const onAbort = () => stop.abort(signal.reason);
     signal.addEventListener("abort", onAbort, { once: true });
@@ -281,8 +282,9 @@ export class LlamaChatEngine implements ChatEngine {
         }
         : undefined,
       signal: stop.signal,
+      onStart: () => (startedAt = performance.now()),
       onPrompt: (info) => {
-        queue.push({ type: "prompt", ...info });
+        queue.push({ type: "prompt", ...info, ...(startedAt !== undefined ? { startedAt } : {}) });
         if (job.promptLogprobs) queue.push({ type: "prompt_logprobs", entries: promptEntries });
       },
       onToken: (choice, token, logprob) => {
