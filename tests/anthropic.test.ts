@@ -249,6 +249,15 @@ serverTest(
     const hidden = omitted.content[0] as Json;
     assert.equal(hidden.type, "thinking");
     assert.equal(hidden.thinking, "");
+    // Other displays show the text (Claude Code 2.1.332 sends "updates"; it was a 400).
+    const updates = await post({
+      model: MODEL,
+      max_tokens: 12,
+      thinking: { type: "adaptive", display: "updates" },
+      messages: [{ role: "user", content: "Think" }],
+    });
+    assert.equal(updates.status, 200, JSON.stringify(updates.body));
+    assert.ok(updates.body.content[0].thinking.length > 0);
     const history = (thinking: Json[]) => ({
       model: MODEL,
       tools: [WEATHER],
@@ -446,6 +455,22 @@ serverTest("stop_sequences: generation stops at the first one, named in stop_seq
   assert.equal(cut.content.map((b) => (b as Json).text).join(""), text.slice(0, text.indexOf(stop)));
   const raw = await stream({ ...body, stop_sequences: [stop] });
   assert.deepEqual(raw.events.at(-2)!.data.delta, { stop_reason: "stop_sequence", stop_sequence: stop });
+});
+
+serverTest("logit_bias (extension, as on chat completions) reaches the sampler", async () => {
+  const token = (await postJson(`${server.url}/tokenize`, { model: MODEL, content: " zebra" }, KEY)).body
+    .tokens[0];
+  const piece = (await postJson(`${server.url}/detokenize`, { model: MODEL, tokens: [token] }, KEY)).body
+    .content;
+  const res = await post({
+    model: MODEL,
+    max_tokens: 3,
+    thinking: OFF,
+    logit_bias: { [token]: 100 },
+    messages: [{ role: "user", content: "Hi" }],
+  });
+  assert.equal(res.status, 200, JSON.stringify(res.body));
+  assert.equal(res.body.content[0].text, piece.repeat(3));
 });
 
 serverTest("count_tokens equals the prompt tokens of the same request", async () => {

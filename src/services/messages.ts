@@ -292,6 +292,7 @@ export async function toChatRequest(req: MessagesRequest, sealer: ReasoningSeale
     top_p: req.top_p,
     top_k: req.top_k,
     seed: req.seed,
+    logit_bias: req.logit_bias,
     response_format: format
       ? { type: "json_schema", json_schema: { name: "output", schema: format.schema, strict: true } }
       : undefined,
