@@ -171,8 +171,8 @@ export const SETTINGS: readonly Setting[] = [
     key: "hostedTools",
     flag: "hosted-tools",
     kind: "string",
-    help: "Responses tools the server cannot run (web_search, file_search, mcp, …): ignore (left out, " +
-      "named in x-vserve-ignored-tools) | refuse (400)",
+    help: "hosted tools (Responses: web_search, file_search, mcp, …; Anthropic: web_search_…, bash_…): " +
+      "ignore (left out, named in x-vserve-ignored-tools) | refuse (400)",
   },
   {
     key: "reasoningKey",

@@ -78,8 +78,8 @@ export interface ServerDeps {
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
   /**
-   * Hosted-tool policy of `/v1/responses`, and the sealing of reasoning there and of thinking
-   * signatures on `/v1/messages` (default: ignore, a key made here).
+   * Hosted-tool policy of `/v1/responses` and `/v1/messages`, and the sealing of reasoning and
+   * thinking signatures (default: ignore, a key made here).
    */
   responses?: ResponsesOptions;
 }
@@ -294,8 +294,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       handler: async (req, ctx) => {
         const body = await parse(req, MessagesRequestSchema);
         const { slot, engine } = chatEngine(body.model, ctx);
-        const { sealer } = await responsesOptions;
-        return await postMessages(body, engine, chatContext(slot, ctx), sealer);
+        return await postMessages(body, engine, chatContext(slot, ctx), await responsesOptions);
       },
     },
     {
@@ -308,8 +307,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ctx.model = body.model;
         allowedSlot(body.model, ctx.key);
         const { slot, engine } = deps.registry.engine(body.model, "chat");
-        const { sealer } = await responsesOptions;
-        return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, sealer);
+        return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, await responsesOptions);
       },
     },
     ...["GET", "DELETE"].map((method): Route => ({

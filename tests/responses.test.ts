@@ -1083,7 +1083,7 @@ serverTest(
 );
 
 serverTest(
-  "--hosted-tools refuse: a hosted tool is a 400; --reasoning-key: blobs survive a restart",
+  "--hosted-tools refuse: a hosted tool is a 400 (Responses and Anthropic); --reasoning-key: blobs and signatures survive a restart",
   async () => {
     const dir = await Deno.makeTempDir();
     const models = `${dir}/models.json`;
@@ -1098,6 +1098,7 @@ serverTest(
     const start = () => startServer(args, { waitReady: true, env: { VSERVE_REASONING_KEY: secret } });
     let one = await start();
     let blob: string;
+    let signature: string;
     try {
       const at = `${one.url}/v1/responses`;
       const refused = await postJson(at, {
@@ -1108,6 +1109,24 @@ serverTest(
       }, KEY);
       assertApiError(refused, 400, { param: "tools[1].type", code: "unsupported_value" });
       assert.match(refused.body.error.message, /--hosted-tools refuse/);
+      const anthropic = await postJson(`${one.url}/v1/messages`, {
+        model: MODEL,
+        max_tokens: 1,
+        tools: [{ type: "web_search_20250305", name: "web_search" }],
+        messages: [{ role: "user", content: "x" }],
+      }, KEY);
+      assert.equal(anthropic.status, 400);
+      assert.equal(anthropic.body.error.type, "invalid_request_error");
+      assert.match(anthropic.body.error.message, /^tools\[0\]\.type: .*--hosted-tools refuse/);
+      const thought = await postJson(`${one.url}/v1/messages`, {
+        model: MODEL,
+        max_tokens: 30,
+        thinking: { type: "enabled", budget_tokens: 1024, display: "omitted" },
+        logit_bias: { "151668": 10 },
+        messages: [{ role: "user", content: "Think" }],
+      }, KEY);
+      signature = thought.body.content[0].signature;
+      assert.match(signature, /^vsr1_/);
       const res = await postJson(at, {
         model: MODEL,
         input: "Think",
@@ -1140,6 +1159,19 @@ serverTest(
         max_output_tokens: 1,
       }, KEY);
       assert.equal(back.status, 200, JSON.stringify(back.body));
+      const signed = await postJson(`${one.url}/v1/messages`, {
+        model: MODEL,
+        max_tokens: 1,
+        messages: [
+          { role: "user", content: "Think" },
+          {
+            role: "assistant",
+            content: [{ type: "thinking", thinking: "", signature }, { type: "text", text: "y" }],
+          },
+          { role: "user", content: "z" },
+        ],
+      }, KEY);
+      assert.equal(signed.status, 200, JSON.stringify(signed.body));
     } finally {
       await one.stop();
     }

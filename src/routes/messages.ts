@@ -8,8 +8,8 @@ import { SSE_HEADERS, sseData, sseStream } from "../http/sse.ts";
 import type { AnthropicError, CountTokensRequest, MessagesRequest } from "../protocol/anthropic.ts";
 import type { ChatEngine } from "../engines/types.ts";
 import type { ChatContext } from "../services/chat.ts";
-import type { ReasoningSealer } from "../services/reasoning_seal.ts";
-import { anthropicError, countTokens, createMessage } from "../services/messages.ts";
+import { IGNORED_TOOLS_HEADER } from "../services/responses.ts";
+import { anthropicError, countTokens, createMessage, type MessagesOptions } from "../services/messages.ts";
 
 /** Keep-alive while the model is silent, as Anthropic sends it. */
 const PING = sseData({ type: "ping" }, "ping");
@@ -19,17 +19,24 @@ const PING = sseData({ type: "ping" }, "ping");
  *
  * @example
  * ```ts
- * return await postMessages(body, engine, chatContext(slot, ctx), sealer);
+ * return await postMessages(body, engine, chatContext(slot, ctx), { hostedTools: "ignore", sealer });
  * ```
  */
 export async function postMessages(
   req: MessagesRequest,
   engine: ChatEngine,
   ctx: ChatContext,
-  sealer: ReasoningSealer,
+  opts: MessagesOptions,
 ): Promise<Response> {
-  const run = await createMessage(req, engine, ctx, sealer);
-  const headers = { "request-id": ctx.requestId };
+  const run = await createMessage(req, engine, ctx, opts);
+  const headers: Record<string, string> = { "request-id": ctx.requestId };
+  if (run.ignored.length > 0) {
+    headers[IGNORED_TOOLS_HEADER] = run.ignored.join(", ");
+    ctx.log.warn("tools this server cannot run were left out of the prompt", {
+      request_id: ctx.requestId,
+      tools: run.ignored,
+    });
+  }
   if (run.kind === "message") return jsonResponse(run.message, 200, headers);
   const body = sseStream(run.events, { pingMs: 15_000, ping: PING, done: false, event: (e) => e.type });
   return new Response(body, { headers: { ...SSE_HEADERS, ...headers } });
@@ -40,7 +47,7 @@ export async function postMessages(
  *
  * @example
  * ```ts
- * return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, sealer);
+ * return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, options);
  * ```
  */
 export async function postCountTokens(
@@ -48,9 +55,9 @@ export async function postCountTokens(
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
   requestId: string,
-  sealer: ReasoningSealer,
+  opts: MessagesOptions,
 ): Promise<Response> {
-  const count = await countTokens(req, engine, defaultThinking, sealer);
+  const count = await countTokens(req, engine, defaultThinking, opts);
   return jsonResponse(count, 200, { "request-id": requestId });
 }
 

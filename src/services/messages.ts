@@ -29,8 +29,19 @@ import type { ReasoningSealer } from "./reasoning_seal.ts";
 
 /** A messages request's outcome: the whole message, or its stream events (errors become an `error` event). */
 export type MessagesRun =
-  | { kind: "message"; message: Message }
-  | { kind: "stream"; events: AsyncGenerator<MessageStreamEvent> };
+  & ({ kind: "message"; message: Message } | { kind: "stream"; events: AsyncGenerator<MessageStreamEvent> })
+  & {
+    /** The types of tools left out of the prompt (Anthropic-defined tools, under `hostedTools: "ignore"`). */
+    ignored: string[];
+  };
+
+/** How this server treats what it cannot serve as asked, and its seal (from configuration, as for Responses). */
+export interface MessagesOptions {
+  /** Anthropic-defined tools (web_search_…, bash_…, text_editor_…, …): left out of the prompt, or a 400. */
+  hostedTools: "ignore" | "refuse";
+  /** Seals thinking into signatures, and opens them again. */
+  sealer: ReasoningSealer;
+}
 
 /**
  * Runs one messages request. Errors found before the first token are thrown as `ApiError`s
@@ -38,7 +49,7 @@ export type MessagesRun =
  *
  * @example
  * ```ts
- * const run = await createMessage(body, engine, ctx);
+ * const run = await createMessage(body, engine, ctx, { hostedTools: "ignore", sealer });
  * if (run.kind === "message") console.log(run.message.content);
  * ```
  */
@@ -46,9 +57,10 @@ export async function createMessage(
   req: MessagesRequest,
   engine: ChatEngine,
   ctx: ChatContext,
-  sealer: ReasoningSealer,
+  opts: MessagesOptions,
 ): Promise<MessagesRun> {
-  const { chat, params, omitThinking } = await toChatRequest(req, sealer);
+  const { sealer } = opts;
+  const { chat, params, omitThinking, ignored } = await toChatRequest(req, opts);
   // What the chat objects do not carry: the prompt's counts at the start, and which stop sequence ended it.
   const seen: { prompt?: Extract<ChatEvent, { type: "prompt" }>; stopSequence?: string } = {};
   const observed = observe(engine, (e) => {
@@ -70,7 +82,11 @@ export async function createMessage(
     seal: (text: string) => sealer.seal(text),
   };
   if (run.kind === "completion") {
-    return { kind: "message", message: await fromCompletion(base, run.completion, seen.stopSequence) };
+    return {
+      kind: "message",
+      message: await fromCompletion(base, run.completion, seen.stopSequence),
+      ignored,
+    };
   }
   const toError = (e: unknown) => renameParam(run.toError(e), params);
   return {
@@ -79,6 +95,7 @@ export async function createMessage(
       prompt: () => seen.prompt,
       stopSequence: () => seen.stopSequence,
     }),
+    ignored,
   };
 }
 
@@ -87,16 +104,16 @@ export async function createMessage(
  *
  * @example
  * ```ts
- * await countTokens(body, engine, undefined, sealer); // { input_tokens: 1234 }
+ * await countTokens(body, engine, undefined, { hostedTools: "ignore", sealer }); // { input_tokens: 1234 }
  * ```
  */
 export async function countTokens(
   req: CountTokensRequest,
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
-  sealer: ReasoningSealer,
+  opts: MessagesOptions,
 ): Promise<MessageTokensCount> {
-  const { chat, params } = await toChatRequest({ ...req, max_tokens: 1 }, sealer);
+  const { chat, params } = await toChatRequest({ ...req, max_tokens: 1 }, opts);
   if (engine.upstreams) {
     throw badRequest(
       `The model '${req.model.slice(0, 256)}' is served by upstream servers, whose tokenizer is theirs: ` +
@@ -129,13 +146,14 @@ interface ParamMap {
 const BILLING_HEADER = /^x-anthropic-billing-header:[^\n]*\n?/;
 
 /**
- * The chat request an Anthropic request means, where its parts came from, and the thinking display.
- * Thinking signatures are opened with `sealer` (a signature that does not open is a 400).
+ * The chat request an Anthropic request means, where its parts came from, the thinking display, and
+ * the tool types left out. Thinking signatures are opened with the sealer (one that does not open is a 400).
  */
-export async function toChatRequest(req: MessagesRequest, sealer: ReasoningSealer): Promise<{
+export async function toChatRequest(req: MessagesRequest, opts: MessagesOptions): Promise<{
   chat: ChatRequest;
   params: ParamMap;
   omitThinking: boolean;
+  ignored: string[];
 }> {
   if (req.mcp_servers?.length) {
     throw badRequest(
@@ -154,7 +172,7 @@ export async function toChatRequest(req: MessagesRequest, sealer: ReasoningSeale
   const system = systemText(req.system);
   if (system) push({ role: "system", content: system }, "system");
 
-  const signatures = await openSignatures(req.messages, sealer);
+  const signatures = await openSignatures(req.messages, opts.sealer);
   const referenced = new Set<string>();
   const callNames = new Map<string, string>();
   const last = () => messages.at(-1);
@@ -248,14 +266,22 @@ export async function toChatRequest(req: MessagesRequest, sealer: ReasoningSeale
   }
 
   const tools: NonNullable<ChatRequest["tools"]> = [];
+  const ignored: string[] = [];
   (req.tools ?? []).forEach((t, i) => {
     if (t.type != null && t.type !== "custom") {
-      throw badRequest(
-        `tools[${i}] is a '${String(t.type).slice(0, 64)}' tool, which Anthropic's servers run or only ` +
-          "Claude knows; this server serves custom tools {name, description, input_schema}.",
-        `tools[${i}].type`,
-        "unsupported_value",
-      );
+      // As the Responses API's hosted tools (--hosted-tools): left out and named, or refused.
+      const type = String(t.type).slice(0, 64);
+      if (opts.hostedTools === "refuse") {
+        throw badRequest(
+          `tools[${i}] is a '${type}' tool, which Anthropic's servers run or only Claude knows, and this ` +
+            "server is configured to refuse such tools (--hosted-tools refuse): send custom tools " +
+            "{name, description, input_schema}.",
+          `tools[${i}].type`,
+          "unsupported_value",
+        );
+      }
+      if (!ignored.includes(type)) ignored.push(type);
+      return;
     }
     const tool: CustomTool = parseAt(CustomToolSchema, t, `tools[${i}]`);
     if (tool.defer_loading && !referenced.has(tool.name)) return;
@@ -305,7 +331,7 @@ export async function toChatRequest(req: MessagesRequest, sealer: ReasoningSeale
   };
   const omitThinking = (thinking?.type === "enabled" || thinking?.type === "adaptive") &&
     thinking.display === "omitted";
-  return { chat, params, omitThinking };
+  return { chat, params, omitThinking, ignored };
 }
 
 /** Text blocks joined; a line break between two blocks unless one is already there. */
