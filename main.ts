@@ -1,8 +1,10 @@
 /**
  * CLI entry: read the settings, build the registry, start the server, load models in the
- * background; SIGHUP reloads keys and TLS files; SIGTERM / SIGINT shut down gracefully.
+ * background; SIGHUP reloads keys and TLS files; SIGTERM / SIGINT shut down gracefully (and a
+ * thread of its own forces the exit if the main thread cannot); systemd is notified when started
+ * by it (ready, stopping, watchdog pings).
  */
-import { ConfigError, helpText, isLoopback, loadApiKeys, loadConfig } from "./src/config.ts";
+import { type Config, ConfigError, helpText, isLoopback, loadApiKeys, loadConfig } from "./src/config.ts";
 import { createLogger } from "./src/log.ts";
 import { KeyRing, RateLimiter } from "./src/http/auth.ts";
 import { readTlsFiles, type TlsFiles } from "./src/http/tls.ts";
@@ -12,10 +14,13 @@ import { createServer, type Lifecycle } from "./src/server.ts";
 import { CounterReader, Gauge, Metrics } from "./src/metrics.ts";
 import { EventLoopMonitor } from "./src/event_loop.ts";
 import { resolveModelSpecs } from "./src/model_specs.ts";
-import { loadEngine } from "./src/engines/load.ts";
+import { loadEngine, planDevices } from "./src/engines/load.ts";
+import { planCommand, startPlan } from "./src/plan/command.ts";
 import { upstreamMetricFamilies } from "./src/upstream/metrics.ts";
 import { poolOf } from "./src/upstream/load.ts";
 import { ReasoningSealer } from "./src/services/reasoning_seal.ts";
+import { startExitGuard } from "./src/exit_guard.ts";
+import { SystemdNotifier } from "./src/systemd.ts";
 
 async function main(): Promise<number> {
   let loaded;
@@ -33,7 +38,12 @@ async function main(): Promise<number> {
     return 0;
   }
   const config = loaded.config;
+  if (config.plan) return await runPlan(config);
   const log = createLogger({ level: config.logLevel, format: config.logFormat });
+  startExitGuard({
+    drainMs: config.drainTimeoutMs,
+    log: { level: config.logLevel, format: config.logFormat },
+  });
   const fail = (message: string, fields: Record<string, unknown> = {}) => {
     log.error(message, fields);
     return 2;
@@ -81,6 +91,14 @@ async function main(): Promise<number> {
   }
   const registry = new Registry(specs, { parallel: config.parallel });
   for (const spec of specs) if (spec.warning) log.warn(`${spec.id}: ${spec.warning}`);
+  let planned;
+  try {
+    planned = await startPlan(specs, config, (c) => planDevices(c, log), log);
+  } catch (e) {
+    return fail(`refusing to start: ${(e as Error).message}`);
+  }
+  if ("refusal" in planned) return fail(`refusing to start: ${planned.refusal}`);
+  const plans = planned.plans;
 
   const shutdown = new AbortController();
   const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal };
@@ -147,7 +165,20 @@ async function main(): Promise<number> {
     );
   }
 
-  const loading = registry.loadAll((spec, report) => loadEngine(spec, config, log, report), log);
+  const notifier = SystemdNotifier.fromEnv(Deno.env.toObject(), log);
+  notifier?.send(`READY=1\nSTATUS=listening on port ${port}; loading models`);
+  notifier?.startWatchdog();
+  const loading = registry.loadAll(
+    (spec, report) => loadEngine(spec, config, log, report, plans.get(spec.id)),
+    log,
+  );
+  loading.then(() => {
+    const failed = registry.slots.filter((s) => s.state === "failed").length;
+    notifier?.send(
+      `STATUS=listening on port ${port}; ${registry.slots.length - failed} models loaded` +
+        (failed ? `, ${failed} failed` : ""),
+    );
+  });
 
   Deno.addSignalListener("SIGHUP", () => void reload());
   async function reload() {
@@ -185,6 +216,7 @@ async function main(): Promise<number> {
     }
     stoppingSince = performance.now();
     lifecycle.draining = true;
+    notifier?.send("STOPPING=1\nSTATUS=draining");
     log.info("shutting down: draining in-flight requests", { signal, drain_ms: config.drainTimeoutMs });
     const finished = server.shutdown();
     const drained = await Promise.race([
@@ -205,6 +237,17 @@ async function main(): Promise<number> {
   Deno.addSignalListener("SIGINT", () => void stop("SIGINT"));
   await new Promise(() => {}); // runs until a signal ends the process
   return 0;
+}
+
+/** `--plan`: the memory plan of the configured models; 0 fits, 2 does not, 1 cannot plan. */
+async function runPlan(config: Config): Promise<number> {
+  const log = createLogger({ level: "warn", format: config.logFormat });
+  try {
+    return await planCommand(await resolveModelSpecs(config), config, (c) => planDevices(c, log));
+  } catch (e) {
+    console.error(`vserve: cannot plan: ${(e as Error).message}`);
+    return 1;
+  }
 }
 
 /** The metrics, with gauges read from the registry at scrape time. */

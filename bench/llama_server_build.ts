@@ -85,10 +85,12 @@ export const CPU_VARIANTS: Record<string, readonly string[]> = {
 export function cpuFlags(cpu: string): string[] {
   if (cpu === "prebuilt") return ["-DBUILD_SHARED_LIBS=ON", "-DGGML_BACKEND_DL=ON", "-DGGML_NATIVE=OFF"];
   if (cpu === "native") return ["-DGGML_NATIVE=ON"];
+  // A CUDA build for GPU VMs (needs nvcc): later -D flags win over CMAKE_FLAGS' -DGGML_CUDA=OFF.
+  if (cpu === "cuda") return ["-DGGML_NATIVE=ON", "-DGGML_CUDA=ON"];
   const features = CPU_VARIANTS[cpu];
   if (!features) {
     throw new Error(
-      `unknown CPU variant '${cpu}' (known: prebuilt, native, ${Object.keys(CPU_VARIANTS).join(", ")})`,
+      `unknown CPU variant '${cpu}' (known: prebuilt, native, cuda, ${Object.keys(CPU_VARIANTS).join(", ")})`,
     );
   }
   return ["-DGGML_NATIVE=OFF", ...features.map((f) => `-DGGML_${f}=ON`)];

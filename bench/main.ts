@@ -185,7 +185,7 @@ try {
     }),
   );
 
-  const serverArgs = ["--models", registry, "--threads", String(threads), "--gpu", "cpu"];
+  const serverArgs = ["--models", registry, "--threads", String(threads), "--gpu", opt.gpu];
   log(`starting vserve (threads ${threads}, ${chatParallel} chat slots × ${chatCtx} tokens)`);
   server = await startServer([...serverArgs, "--api-key", KEY], { waitReady: true, timeoutMs: 600_000 });
   const vserve = server;

@@ -14,6 +14,8 @@ export const USAGE = `deno task bench [options]
                                per-token compute, 16 experts); with --tiny: tiny-chat, tiny-moe
                                (default: both)
   --threads N                  CPU threads of every engine and server (default: all cores)
+  --gpu cpu|cuda               vserve's --gpu (default cpu); on a CUDA VM: cuda, with
+                               --llama-server-cpu cuda for a CUDA build of the baseline (deno task gpu-check)
   --slots N                    chat slots (parallel sequences) (default: the most concurrent streams)
   --ctx N                      chat context per slot, tokens (default 1024; 4096 with --baseline llama-server)
   --embed-slots N              llama-server's embedding slots (default 64: vserve's embedding engine
@@ -30,7 +32,7 @@ export const USAGE = `deno task bench [options]
                                compiled; it runs on node-llama-cpp's own prebuilt libllama and ggml, the
                                very binaries vserve runs) | same (compiled for the instruction sets of the
                                ggml CPU variant node-llama-cpp loads, e.g. haswell) | native
-                               (-march=native) | a variant name
+                               (-march=native) | a variant name | cuda (-march=native and CUDA; needs nvcc)
   --llama-server-bin PATH      use this llama-server binary, build nothing  (env VSERVE_BENCH_LLAMA_SERVER)
   --llama-server-cache DIR     where the build goes            (env VSERVE_BENCH_LLAMA_CACHE;
                                default \${XDG_CACHE_HOME:-$HOME/.cache}/vserve/llama-server)
@@ -49,6 +51,8 @@ export interface BenchOptions {
   /** Chat models measured in the chat scenarios, in order. */
   chatModels: ("dense" | "moe")[];
   threads: number | undefined;
+  /** vserve's `--gpu` for every server and the in-process engines. */
+  gpu: "cpu" | "cuda";
   embedBackend: "llama" | "onnx";
   out: string;
   inProcess: boolean;
@@ -91,6 +95,7 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
         scenarios: { type: "string", default: SCENARIOS.join(",") },
         "chat-models": { type: "string", default: "dense,moe" },
         threads: { type: "string" },
+        gpu: { type: "string", default: "cpu" },
         slots: { type: "string" },
         ctx: { type: "string" },
         "embed-slots": { type: "string" },
@@ -132,6 +137,8 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
     if (m !== "dense" && m !== "moe") throw new UsageError(`unknown chat model '${m}' (known: dense, moe)`);
   }
   if (chatModels.length === 0) throw new UsageError("--chat-models needs at least one of dense, moe");
+  const gpu = values.gpu;
+  if (gpu !== "cpu" && gpu !== "cuda") throw new UsageError(`--gpu must be cpu or cuda, got '${gpu}'`);
   const embedBackend = values["embed-backend"];
   if (embedBackend !== "llama" && embedBackend !== "onnx") {
     throw new UsageError(`--embed-backend must be llama or onnx, got '${embedBackend}'`);
@@ -185,6 +192,7 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
     scenarios,
     chatModels: chatModels as ("dense" | "moe")[],
     threads: int("threads", values.threads, 1),
+    gpu,
     embedBackend,
     out: values.out!,
     inProcess,

@@ -46,6 +46,10 @@ const args = [
   // Started as a worker by URL (not imported), so not found by the module graph.
   "--include",
   "src/engines/onnx/session_worker.ts",
+  "--include",
+  "src/engines/llama/template_worker.ts",
+  "--include",
+  "src/exit_guard_worker.ts",
   ...excludes.flatMap((e) => ["--exclude", e]),
   "main.ts",
 ];

@@ -4,6 +4,7 @@
  */
 import { z } from "zod";
 import { type ApiKey, parseKeyFile, plainKey } from "./http/auth.ts";
+import { checkOverrides } from "./plan/placement.ts";
 
 const cores = navigator.hardwareConcurrency || 1;
 
@@ -47,6 +48,20 @@ export const ConfigSchema = z.object({
   reasoningKey: z.string().min(32, "use at least 32 characters (e.g. openssl rand -base64 32)").optional(),
   logFormat: z.enum(["json", "pretty"]).default(Deno.stderr.isTerminal() ? "pretty" : "json"),
   logLevel: z.enum(["debug", "info", "warn", "error"]).default("info"),
+  // GPU placement (override the registry's per-model settings when given).
+  cpuMoe: z.boolean().optional(),
+  nCpuMoe: z.number().int().min(0).max(10_000).optional(),
+  overrideTensor: z.array(z.string()).superRefine(checkOverrides).optional(),
+  tensorSplit: z.array(z.number().min(0)).min(1).max(64).refine((v) => v.some((x) => x > 0), {
+    message: "at least one proportion must be above 0",
+  }).optional(),
+  mainGpu: z.number().int().min(0).max(63).optional(),
+  splitMode: z.enum(["none", "layer", "row"]).optional(),
+  // The memory plan.
+  plan: z.boolean().default(false),
+  json: z.boolean().default(false),
+  vram: z.array(z.number().positive().max(65_536)).min(1).max(64).optional(),
+  ram: z.number().positive().max(1_048_576).optional(),
 });
 
 /** The validated settings the server runs with. */
@@ -56,7 +71,7 @@ type Key = keyof Config;
 interface Setting {
   key: Key;
   flag: string;
-  kind: "string" | "int" | "bool" | "list" | "gpuLayers";
+  kind: "string" | "int" | "bool" | "list" | "gpuLayers" | "number" | "numbers";
   help: string;
   env?: boolean;
 }
@@ -99,7 +114,7 @@ export const SETTINGS: readonly Setting[] = [
     key: "gpuLayers",
     flag: "gpu-layers",
     kind: "gpuLayers",
-    help: "layers to offload: a number, auto or max",
+    help: "layers to offload: a number, auto (the memory plan chooses) or max",
   },
   {
     key: "flashAttn",
@@ -184,6 +199,56 @@ export const SETTINGS: readonly Setting[] = [
   },
   { key: "logFormat", flag: "log-format", kind: "string", help: "json | pretty" },
   { key: "logLevel", flag: "log-level", kind: "string", help: "debug | info | warn | error" },
+  {
+    key: "cpuMoe",
+    flag: "cpu-moe",
+    kind: "bool",
+    help: "keep every layer's MoE expert weights in host memory (overrides the registry)",
+  },
+  {
+    key: "nCpuMoe",
+    flag: "n-cpu-moe",
+    kind: "int",
+    help: "keep the MoE expert weights of the first N layers in host memory (overrides the registry)",
+  },
+  {
+    key: "overrideTensor",
+    flag: "override-tensor",
+    kind: "list",
+    help: "PATTERN=DEVICE: tensors whose name matches the regex go to DEVICE (CPU, CUDA0, …); repeatable",
+  },
+  {
+    key: "tensorSplit",
+    flag: "tensor-split",
+    kind: "numbers",
+    help: "proportions of the model per GPU, e.g. 3,1 (default: by free memory)",
+  },
+  {
+    key: "mainGpu",
+    flag: "main-gpu",
+    kind: "int",
+    help: "the GPU of --split-mode none (and row's small tensors)",
+  },
+  { key: "splitMode", flag: "split-mode", kind: "string", help: "several GPUs: none | layer | row" },
+  {
+    key: "plan",
+    flag: "plan",
+    kind: "bool",
+    help: "print the memory plan of the configured models per device and exit (0: fits, 2: does not)",
+  },
+  { key: "json", flag: "json", kind: "bool", help: "with --plan: the plan as JSON" },
+  {
+    key: "vram",
+    flag: "vram",
+    kind: "numbers",
+    help: "GiB per GPU, e.g. 24 or 24,24: --plan for GPUs that are not here; a VRAM budget on GPUs that are",
+  },
+  {
+    key: "ram",
+    flag: "ram",
+    kind: "number",
+    help: "GiB of host memory the models may use (default: MemTotal, or the cgroup limit)",
+  },
 ];
 
 /** Thrown for a configuration that must not start; the message names the setting. */
@@ -212,6 +277,11 @@ function convert(s: Setting, raw: string, origin: string): unknown {
       return raw.split(",").map((v) => v.trim()).filter((v) => v !== "");
     case "gpuLayers":
       return raw === "auto" || raw === "max" ? raw : convert({ ...s, kind: "int" }, raw, origin);
+    case "number":
+      if (!/^\s*\d+(\.\d+)?\s*$/.test(raw)) throw new ConfigError(`${origin}: '${raw}' is not a number`);
+      return Number(raw);
+    case "numbers":
+      return raw.split(",").map((v) => convert({ ...s, kind: "number" }, v, origin));
   }
 }
 
@@ -309,6 +379,10 @@ export async function loadConfig(
   if ((config.tlsCert === undefined) !== (config.tlsKey === undefined)) {
     throw new ConfigError("--tls-cert and --tls-key go together: give both or neither");
   }
+  if (config.cpuMoe && config.nCpuMoe !== undefined) {
+    throw new ConfigError("--cpu-moe and --n-cpu-moe: give one (--cpu-moe is every layer's experts)");
+  }
+  if (config.json && !config.plan) throw new ConfigError("--json goes with --plan");
   return { config, help: flags.help };
 }
 

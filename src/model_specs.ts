@@ -76,7 +76,7 @@ function fromPathFlags(config: Config): unknown[] {
 }
 
 async function checkLocalFile(spec: ModelSpec): Promise<void> {
-  if (!spec.source || /^(builtin|hf):/.test(spec.source)) return;
+  if (!spec.source || /^(builtin|hf|shape):/.test(spec.source)) return;
   await checkModelFile(spec.source).catch((e: Error) => {
     throw new Error(`model '${spec.id}': ${e.message}`);
   });

@@ -7,6 +7,7 @@ import { ApiError, badRequest, formatPath, modelNotFound } from "./http/errors.t
 import type { ChatEngine, EmbeddingEngine } from "./engines/types.ts";
 import type { Logger } from "./log.ts";
 import { RoutingSchema, UpstreamSpecSchema } from "./upstream/config.ts";
+import { checkOverrides } from "./plan/placement.ts";
 
 /** One entry of `models/models.json` (or of a config file's `models`). */
 export const ModelSpecSchema = z.object({
@@ -32,6 +33,15 @@ export const ModelSpecSchema = z.object({
   contextSize: z.number().int().min(256).optional(),
   threads: z.number().int().min(1).optional(),
   gpuLayers: z.union([z.number().int().min(0), z.literal("auto"), z.literal("max")]).optional(),
+  /** MoE expert weights of every layer (`cpuMoe`) or of the first N layers (`nCpuMoe`) in host memory. */
+  cpuMoe: z.boolean().optional(),
+  nCpuMoe: z.number().int().min(0).max(10_000).optional(),
+  /** `PATTERN=DEVICE` tensor overrides (llama-server's `-ot`), applied before the expert placement. */
+  overrideTensor: z.array(z.string()).superRefine(checkOverrides).optional(),
+  /** Several GPUs: proportions per GPU, the main GPU, and how the model is split. */
+  tensorSplit: z.array(z.number().min(0)).min(1).max(64).optional(),
+  mainGpu: z.number().int().min(0).max(63).optional(),
+  splitMode: z.enum(["none", "layer", "row"]).optional(),
   parallel: z.number().int().min(1).max(256).default(4),
   pooling: z.enum(["last", "mean", "cls"]).optional(),
   maxInputTokens: z.number().int().min(1).optional(),
@@ -60,6 +70,9 @@ export const ModelSpecSchema = z.object({
   batchSequences: z.enum(["auto", "off"]).default("auto"),
 }).strict().superRefine((m, ctx) => {
   const remote = m.backend === "openai";
+  if (m.cpuMoe && m.nCpuMoe !== undefined) {
+    ctx.addIssue({ code: "custom", path: ["nCpuMoe"], message: "give cpuMoe or nCpuMoe, not both" });
+  }
   if (remote && !m.upstreams) {
     ctx.addIssue({ code: "custom", path: ["upstreams"], message: "the openai backend needs upstreams" });
   }

@@ -307,7 +307,8 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ctx.model = body.model;
         allowedSlot(body.model, ctx.key);
         const { slot, engine } = deps.registry.engine(body.model, "chat");
-        return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, await responsesOptions);
+        const options = await responsesOptions;
+        return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, options, ctx.signal);
       },
     },
     ...["GET", "DELETE"].map((method): Route => ({
@@ -357,7 +358,12 @@ export function createServer(deps: ServerDeps): ServerHandler {
         const slot = deps.registry.find(body.model);
         const { engine } = deps.registry.engine(body.model, slot.spec.kind);
         return jsonResponse(
-          await tokenize(body, engine, slot.spec.kind === "chat" ? slot.spec.thinking : undefined),
+          await tokenize(
+            body,
+            engine,
+            slot.spec.kind === "chat" ? slot.spec.thinking : undefined,
+            ctx.signal,
+          ),
         );
       },
     })),
@@ -530,6 +536,17 @@ export function createServer(deps: ServerDeps): ServerHandler {
         ctx.route = "preflight";
         res = new Response(null, { status: 204 });
       } else {
+        // (Past 65,534 bytes Deno's HTTP parser refuses the request line itself: an empty 400.)
+        const target = url.pathname.length + url.search.length;
+        if (target > MAX_TARGET_CHARS) {
+          throw new ApiError(
+            414,
+            "invalid_request_error",
+            `The request path and query are ${target} characters long; at most ${MAX_TARGET_CHARS} are accepted.`,
+            null,
+            "uri_too_long",
+          );
+        }
         const { route: r, match } = route(req.method, url.pathname);
         ctx.route = r.prefix ? `${r.path}{id}` : r.path;
         if (deps.lifecycle.draining && r.auth === "v1") {
@@ -637,6 +654,9 @@ function withBodyEnd(res: Response, done: (cut: boolean) => void): Response {
   });
   return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers });
 }
+
+/** Longest request path and query (as llama-server's HTTP library): a longer one is a 414. */
+const MAX_TARGET_CHARS = 8192;
 
 /** At most `max` characters of a client-supplied string, for logs and error messages. */
 export function clip(text: string, max: number): string {

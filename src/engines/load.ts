@@ -5,8 +5,15 @@ import type { ModelSpec } from "../registry.ts";
 import type { ChatEngine, EmbeddingEngine } from "./types.ts";
 import { resolveSource } from "../models/sources.ts";
 import { qwen3TokenizerJsonPath } from "../models/qwen3_vocab.ts";
-import { engineThreads, llamaRuntime, resolveGpuLayers } from "./llama/runtime.ts";
-import { openLlamaLibrary } from "./llama/ffi.ts";
+import { captureLlamaLog, engineThreads, llamaRuntime, resolveGpuLayers } from "./llama/runtime.ts";
+import { backendDevices, type LlamaLibrary, openLlamaLibrary } from "./llama/ffi.ts";
+import type { ModelPlacement } from "./llama/native.ts";
+import { type ModelPlan, refusalMessage } from "../plan/memory.ts";
+import { overrideRules } from "../plan/placement.ts";
+import { hostDevice, loadSettings, planMiB, plannedGpus, planSpecs, presentGpus } from "../plan/run.ts";
+import type { PlanDevice } from "../plan/memory.ts";
+import { readGgufHeader } from "../plan/gguf_header.ts";
+import { type LlamaAllocations, parseLlamaLog } from "../plan/llama_log.ts";
 import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
@@ -21,6 +28,7 @@ export async function loadEngine(
   config: Config,
   log: Logger,
   report: (details: Record<string, unknown>) => void,
+  plan?: ModelPlan,
 ): Promise<ChatEngine | EmbeddingEngine> {
   if (spec.backend === "openai") return await openUpstreamEngine(spec, log, report, Deno.env.toObject());
   if (!spec.source) throw new Error("a model file (source) is required");
@@ -59,7 +67,15 @@ export async function loadEngine(
   }
   const llama = await llamaRuntime(config.gpu, log);
   const lib = openLlamaLibrary();
-  const layers = await resolveGpuLayers(llama, path, gpuLayers);
+  // A model whose file was not there at start (a download) is planned now, beside nothing else.
+  const modelPlan = plan ?? await planAtLoad(spec, config, path, lib);
+  const layers = !llama.gpu
+    ? 0
+    : modelPlan.gpuLayersChosen === "auto"
+    ? modelPlan.gpuLayers
+    : await resolveGpuLayers(llama, path, gpuLayers);
+  const settings = loadSettings(spec, config);
+  const placement = nativePlacement(lib, modelPlan, settings);
   report({
     backend: "llama",
     gpu: llama.gpu || "cpu",
@@ -67,11 +83,27 @@ export async function loadEngine(
     threads,
     parallel,
     flash_attn: config.flashAttn,
+    placement: placementReport(modelPlan, settings, !!llama.gpu),
+  });
+  // llama.cpp's load log, read when this function returns or throws: where the tensors went and the
+  // buffers llama.cpp allocated, for /health and the log.
+  await using _loadLog = captureLlamaLog(llama, (lines) => {
+    const allocated = parseLlamaLog(lines);
+    report({
+      placement: placementReport(modelPlan, settings, !!llama.gpu, allocated),
+      memory_mib: memoryReport(modelPlan, allocated),
+    });
+    const moved = new Map<string, number>();
+    for (const o of allocated.overridden) moved.set(o.bufferType, (moved.get(o.bufferType) ?? 0) + 1);
+    if (moved.size) {
+      log.info("tensor overrides applied", { model: spec.id, tensors: Object.fromEntries(moved) });
+    }
   });
   if (spec.kind === "embedding") {
     const engine = await LlamaEmbeddingEngine.load(lib, {
       modelPath: path,
       gpuLayers: layers,
+      placement,
       threads,
       maxInputTokens: spec.maxInputTokens ?? 8192,
       pooling: spec.pooling,
@@ -84,6 +116,7 @@ export async function loadEngine(
   const engine = await LlamaChatEngine.load(lib, {
     modelPath: path,
     gpuLayers: layers,
+    placement,
     threads,
     parallel,
     contextSize,
@@ -99,6 +132,96 @@ export async function loadEngine(
     batched_decode: engine.batching,
   });
   return engine;
+}
+
+/** The plan of one model at load time, from its file's header; throws the refusal when it cannot fit. */
+async function planAtLoad(
+  spec: ModelSpec,
+  config: Config,
+  path: string,
+  lib: LlamaLibrary,
+): Promise<ModelPlan> {
+  const header = await readGgufHeader(path);
+  const devices = [...presentGpus(backendDevices(lib), config), await hostDevice(config)];
+  const { plan } = planSpecs(
+    [spec],
+    config,
+    new Map([[spec.id, { kind: "gguf", header, origin: path }]]),
+    devices,
+  );
+  if (!plan.fits) throw new Error(refusalMessage(plan));
+  return plan.models[0];
+}
+
+/** llama.cpp model parameters for the plan's placement: override rules bound to device buffer types. */
+function nativePlacement(
+  lib: LlamaLibrary,
+  plan: ModelPlan,
+  s: ReturnType<typeof loadSettings>,
+): ModelPlacement {
+  const devices = backendDevices(lib);
+  const overrides = overrideRules(plan.placement).map((rule) => {
+    const device = devices.find((d) => d.bufferTypeName.toLowerCase() === rule.device.toLowerCase());
+    if (!device) {
+      throw new Error(
+        `${rule.from} '${rule.pattern}=${rule.device}': no device '${rule.device}' here (devices: ${
+          devices.map((d) => d.bufferTypeName).join(", ")
+        })`,
+      );
+    }
+    return { pattern: rule.pattern, bufferType: device.bufferType };
+  });
+  // Passed on CPU-only builds too: llama.cpp ignores them without GPUs.
+  return { overrides, splitMode: s.splitMode, mainGpu: s.mainGpu, tensorSplit: s.tensorSplit };
+}
+
+/**
+ * The placement facts `/health` shows for a llama model; after the load, each override also says
+ * how many tensors llama.cpp's load log reports it moved (`placed`) and to which buffer types.
+ */
+function placementReport(
+  plan: ModelPlan,
+  s: ReturnType<typeof loadSettings>,
+  gpu: boolean,
+  allocated?: LlamaAllocations,
+): Record<string, unknown> {
+  const compiled = plan.overrides.map((o) => new RegExp(o.pattern));
+  const placed = plan.overrides.map(() => new Map<string, number>());
+  for (const moved of allocated?.overridden ?? []) {
+    const i = compiled.findIndex((re) => re.test(moved.tensor));
+    if (i >= 0) placed[i].set(moved.bufferType, (placed[i].get(moved.bufferType) ?? 0) + 1);
+  }
+  return {
+    split_mode: s.splitMode,
+    main_gpu: s.mainGpu,
+    tensor_split: s.tensorSplit ?? (gpu ? "by free memory" : null),
+    ...(plan.placement.cpuMoe ? { cpu_moe: true } : {}),
+    ...(plan.placement.nCpuMoe ? { n_cpu_moe: plan.placement.nCpuMoe } : {}),
+    overrides: plan.overrides.map((o) => ({
+      pattern: o.pattern,
+      device: o.device,
+      from: o.from,
+      tensors: o.tensors,
+      bytes: o.bytes,
+      ...(allocated ? { placed: Object.fromEntries(placed[plan.overrides.indexOf(o)]) } : {}),
+    })),
+  };
+}
+
+/** Planned and allocated memory of a model in MiB (`/health`). */
+function memoryReport(plan: ModelPlan, a: LlamaAllocations): Record<string, unknown> {
+  const mib = (r: Record<string, number>) =>
+    Object.fromEntries(Object.entries(r).map(([k, v]) => [k, Math.round(v / 1024 / 1024 * 10) / 10]));
+  return {
+    planned: planMiB(plan.devices),
+    allocated: {
+      model: mib(a.model),
+      kv: mib(a.kv),
+      recurrent: mib(a.recurrent),
+      output: mib(a.output),
+      compute: mib(a.compute),
+    },
+  };
 }
 
 /**
@@ -125,4 +248,30 @@ async function modelFingerprint(path: string, engine: string): Promise<string> {
   } finally {
     file.close();
   }
+}
+
+/**
+ * The devices the server would load on: the GPUs of the `--gpu` build that are here (capped by
+ * `--vram`) and host memory; or, with `--plan --vram`, GPUs that are not here.
+ *
+ * @example
+ * ```ts
+ * const devices = await planDevices(config, log);
+ * ```
+ */
+export async function planDevices(config: Config, log: Logger): Promise<PlanDevice[]> {
+  const host = await hostDevice(config);
+  if (config.plan && config.vram) return [...plannedGpus(config), host];
+  if (config.gpu === "cpu") {
+    if (config.vram) {
+      throw new Error("--vram: --gpu cpu uses no GPU (with --plan, --vram plans GPUs that are not here)");
+    }
+    return [host];
+  }
+  const llama = await llamaRuntime(config.gpu, log);
+  const gpus = llama.gpu ? presentGpus(backendDevices(openLlamaLibrary()), config) : [];
+  if (config.vram && gpus.length === 0) {
+    throw new Error("--vram: there is no GPU here (with --plan, --vram plans GPUs that are not here)");
+  }
+  return [...gpus, host];
 }

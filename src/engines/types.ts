@@ -189,12 +189,21 @@ export interface ChatEngine {
   upstreams?(): UpstreamStatus[];
   /** Runs one job; stops and frees its sequences when `signal` aborts or the iterator is returned. */
   generate(job: ChatJob, signal: AbortSignal): AsyncIterable<ChatEvent>;
-  /** Token ids of `text`; `special`: parse special-token text (chat markup) into special tokens. */
+  /**
+   * Token ids of `text`; `special`: parse special-token text (chat markup) into special tokens
+   * (only for text that is the client's own template: legacy completions, `/tokenize` of text).
+   */
   tokenize(text: string, special: boolean): number[];
   /** The text of `tokens` (special tokens included). */
   detokenize(tokens: readonly number[]): string;
-  /** The prompt text the chat template renders for these messages. */
-  renderPrompt(job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">): string;
+  /**
+   * The prompt the chat template renders for these messages: its text, and its tokens, in which
+   * only the template's own markup is special tokens (client text is tokenized as text).
+   */
+  prompt(
+    job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">,
+    signal?: AbortSignal,
+  ): Promise<{ text: string; tokens: number[] }>;
   /** Number of token ids (ids at or above are invalid). */
   readonly vocabSize: number;
   /** Whether the vocabulary has fill-in-the-middle tokens (legacy completions' `suffix`). */

@@ -2,8 +2,9 @@
 import { abortedError, ApiError, badRequest } from "./errors.ts";
 
 /**
- * Parses the JSON body of `req`, refusing non-JSON content types (415), bodies over `limitBytes`
- * (413), invalid UTF-8 and malformed JSON (400).
+ * Parses the JSON body of `req`, refusing non-JSON content types and content encodings other than
+ * gzip and deflate (415), bodies over `limitBytes` sent or decompressed (413), invalid UTF-8 and
+ * malformed JSON (400).
  *
  * @example
  * ```ts
@@ -22,9 +23,10 @@ export async function readJsonBody(req: Request, limitBytes: number, timeoutMs =
       "unsupported_media_type",
     );
   }
+  const encoding = contentEncoding(req.headers.get("content-encoding"));
   const declared = Number(req.headers.get("content-length") ?? NaN);
   if (declared > limitBytes) throw tooLarge(limitBytes);
-  const bytes = await readLimited(req, limitBytes, timeoutMs);
+  const bytes = await readLimited(req, limitBytes, timeoutMs, encoding);
   let text: string;
   try {
     text = utf8.decode(bytes);
@@ -48,13 +50,53 @@ export async function readJsonBody(req: Request, limitBytes: number, timeoutMs =
   return body;
 }
 
+/**
+ * The decompression a body needs: none, or gzip / deflate (as llama-server's HTTP library decodes
+ * them); any other `Content-Encoding` is a 415 naming it.
+ */
+function contentEncoding(header: string | null): CompressionFormat | undefined {
+  const value = header?.trim().toLowerCase() ?? "";
+  if (value === "" || value === "identity") return undefined;
+  if (value === "gzip" || value === "x-gzip") return "gzip";
+  if (value === "deflate") return "deflate";
+  throw new ApiError(
+    415,
+    "invalid_request_error",
+    `Unsupported Content-Encoding '${
+      value.slice(0, 64)
+    }': send the body uncompressed, or as gzip or deflate.`,
+    null,
+    "unsupported_content_encoding",
+  );
+}
+
 /** Decodes request bodies; `fatal`: invalid UTF-8 is an error, not replaced. */
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
-/** The body, within `limitBytes` and (if > 0) `timeoutMs`; a client that aborts its upload is a 499. */
-async function readLimited(req: Request, limitBytes: number, timeoutMs: number): Promise<Uint8Array> {
+/**
+ * The body, within `limitBytes` (sent and, when `encoding` is given, decompressed) and (if > 0)
+ * `timeoutMs`; a client that aborts its upload is a 499, a body that does not decompress a 400.
+ */
+async function readLimited(
+  req: Request,
+  limitBytes: number,
+  timeoutMs: number,
+  encoding?: CompressionFormat,
+): Promise<Uint8Array> {
   if (!req.body) return new Uint8Array();
-  const reader = req.body.getReader();
+  let sent = 0;
+  const stream = encoding
+    ? req.body.pipeThrough(
+      new TransformStream<Uint8Array, Uint8Array>({
+        transform(chunk, controller) {
+          sent += chunk.byteLength;
+          if (sent > limitBytes) throw tooLarge(limitBytes);
+          controller.enqueue(chunk);
+        },
+      }),
+    ).pipeThrough(new DecompressionStream(encoding) as unknown as TransformStream<Uint8Array, Uint8Array>)
+    : req.body;
+  const reader = stream.getReader();
   const chunks: Uint8Array[] = [];
   let total = 0;
   let timer: ReturnType<typeof setTimeout> | undefined;
@@ -69,6 +111,13 @@ async function readLimited(req: Request, limitBytes: number, timeoutMs: number):
         next = await Promise.race([reader.read(), late]);
       } catch (e) {
         if (e instanceof ApiError) throw e;
+        if (encoding && !req.signal.aborted && e instanceof TypeError) {
+          throw badRequest(
+            `The request body is not valid ${encoding} data.`,
+            null,
+            "invalid_content_encoding",
+          );
+        }
         throw abortedError(new DOMException("the client aborted the upload", "AbortError"));
       }
       if (next.done) break;

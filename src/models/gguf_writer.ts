@@ -178,6 +178,57 @@ export async function writeGguf(
   metadata: Record<string, MetaValue>,
   tensors: readonly TensorSpec[],
 ): Promise<void> {
+  const { head } = ggufHead(metadata, tensors);
+  const file = await Deno.open(path, { write: true, create: true, truncate: true });
+  try {
+    await writeAll(file, head);
+    for (const t of tensors) {
+      const count = t.dims.reduce((a, b) => a * b, 1);
+      let written = 0;
+      for (let start = 0; start < count; start += CHUNK) {
+        const bytes = produceChunk(t, start, Math.min(CHUNK, count - start));
+        await writeAll(file, bytes);
+        written += bytes.length;
+      }
+      const pad = (ALIGNMENT - (written % ALIGNMENT)) % ALIGNMENT;
+      if (pad) await writeAll(file, new Uint8Array(pad));
+    }
+  } finally {
+    file.close();
+  }
+}
+
+/**
+ * Writes only the header of a GGUF file and extends the file to its full size without writing the
+ * tensor data (a sparse file on Linux file systems: no disk blocks). llama.cpp accepts it for
+ * loads that never read weights (`no_alloc`), which is how the memory plan is checked against
+ * llama.cpp on shapes whose weights would take tens of gigabytes.
+ *
+ * @example
+ * ```ts
+ * await writeGgufHeaderOnly("shape.gguf", metadata, tensors);
+ * ```
+ */
+export async function writeGgufHeaderOnly(
+  path: string,
+  metadata: Record<string, MetaValue>,
+  tensors: readonly TensorSpec[],
+): Promise<void> {
+  const { head, dataBytes } = ggufHead(metadata, tensors);
+  const file = await Deno.open(path, { write: true, create: true, truncate: true });
+  try {
+    await writeAll(file, head);
+    await file.truncate(head.length + dataBytes);
+  } finally {
+    file.close();
+  }
+}
+
+/** The header bytes (padded to the alignment) and the size of the data section that follows. */
+function ggufHead(
+  metadata: Record<string, MetaValue>,
+  tensors: readonly TensorSpec[],
+): { head: Uint8Array; dataBytes: number } {
   const head = new ByteSink();
   head.u32(0x46554747); // "GGUF"
   head.u32(3);
@@ -199,23 +250,7 @@ export async function writeGguf(
     offset = Math.ceil(offset / ALIGNMENT) * ALIGNMENT;
   }
   head.pad(ALIGNMENT);
-  const file = await Deno.open(path, { write: true, create: true, truncate: true });
-  try {
-    await writeAll(file, head.bytes());
-    for (const t of tensors) {
-      const count = t.dims.reduce((a, b) => a * b, 1);
-      let written = 0;
-      for (let start = 0; start < count; start += CHUNK) {
-        const bytes = produceChunk(t, start, Math.min(CHUNK, count - start));
-        await writeAll(file, bytes);
-        written += bytes.length;
-      }
-      const pad = (ALIGNMENT - (written % ALIGNMENT)) % ALIGNMENT;
-      if (pad) await writeAll(file, new Uint8Array(pad));
-    }
-  } finally {
-    file.close();
-  }
+  return { head: head.bytes(), dataBytes: offset };
 }
 
 async function writeAll(file: Deno.FsFile, bytes: Uint8Array) {

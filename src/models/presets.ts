@@ -19,7 +19,7 @@ export type Preset = Qwen3Preset | Qwen35MoePreset;
 export const GENERATOR_VERSION = 5;
 
 /** Qwen3.5/3.6-35B-A3B's per-token shape (Hugging Face `Qwen3_5MoeTextConfig`). */
-const QWEN36_35B_A3B = {
+export const QWEN36_35B_A3B = {
   arch: "qwen35moe",
   kind: "chat",
   dim: 2048,

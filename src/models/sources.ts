@@ -18,6 +18,9 @@ export interface SourceOptions {
  * error naming it; there is never a silent fallback to another model.
  */
 export async function resolveSource(source: string, opts: SourceOptions): Promise<string> {
+  if (source.startsWith("shape:")) {
+    throw new Error(`'${source}' is a model shape (header only, no weights): use it with --plan`);
+  }
   if (source.startsWith("builtin:")) return await ensurePreset(source.slice("builtin:".length), opts);
   if (source.startsWith("hf:")) {
     return await fetchFromHub(source, { ...opts, progress: Deno.stderr.isTerminal() });

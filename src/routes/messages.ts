@@ -47,7 +47,7 @@ export async function postMessages(
  *
  * @example
  * ```ts
- * return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, options);
+ * return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, options, ctx.signal);
  * ```
  */
 export async function postCountTokens(
@@ -56,8 +56,9 @@ export async function postCountTokens(
   defaultThinking: boolean | undefined,
   requestId: string,
   opts: MessagesOptions,
+  signal?: AbortSignal,
 ): Promise<Response> {
-  const count = await countTokens(req, engine, defaultThinking, opts);
+  const count = await countTokens(req, engine, defaultThinking, opts, signal);
   return jsonResponse(count, 200, { "request-id": requestId });
 }
 

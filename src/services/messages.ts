@@ -104,7 +104,7 @@ export async function createMessage(
  *
  * @example
  * ```ts
- * await countTokens(body, engine, undefined, { hostedTools: "ignore", sealer }); // { input_tokens: 1234 }
+ * await countTokens(body, engine, undefined, { hostedTools: "ignore", sealer }, signal); // { input_tokens: 1234 }
  * ```
  */
 export async function countTokens(
@@ -112,6 +112,7 @@ export async function countTokens(
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
   opts: MessagesOptions,
+  signal?: AbortSignal,
 ): Promise<MessageTokensCount> {
   const { chat, params } = await toChatRequest({ ...req, max_tokens: 1 }, opts);
   if (engine.upstreams) {
@@ -124,7 +125,7 @@ export async function countTokens(
   }
   try {
     const job = toJob(chat, defaultThinking);
-    return { input_tokens: engine.tokenize(engine.renderPrompt(job), true).length };
+    return { input_tokens: (await engine.prompt(job, signal)).tokens.length };
   } catch (e) {
     throw renameParam(e, params);
   }

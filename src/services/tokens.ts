@@ -10,11 +10,14 @@ import { toEngineMessages } from "./chat.ts";
 export type { TokenizeResponse };
 
 function isChat(engine: ChatEngine | EmbeddingEngine): engine is ChatEngine {
-  return "renderPrompt" in engine;
+  return "prompt" in engine;
 }
 
 /**
- * Tokenizes text, or renders messages with the chat template and tokenizes the prompt.
+ * Tokenizes text, or renders messages with the chat template and tokenizes the prompt. The
+ * messages' text is text: only the template's markup becomes special tokens, as for generation.
+ * Text (`content` / `prompt`) is the client's own: its special-token strings are special tokens
+ * unless `add_special` / `add_special_tokens` is false.
  *
  * @example
  * ```ts
@@ -25,6 +28,7 @@ export async function tokenize(
   req: TokenizeRequest,
   engine: ChatEngine | EmbeddingEngine,
   defaultThinking?: boolean,
+  signal?: AbortSignal,
 ): Promise<TokenizeResponse> {
   const given = [req.content, req.prompt, req.messages].filter((x) => x != null).length;
   if (given !== 1) {
@@ -37,13 +41,12 @@ export async function tokenize(
     if (!isChat(engine)) {
       throw badRequest("messages need a chat model (its chat template).", "messages", "wrong_model_kind");
     }
-    prompt = engine.renderPrompt({
+    ({ text: prompt, tokens: ids } = await engine.prompt({
       messages: toEngineMessages(req.messages),
       tools: [],
       toolChoice: "none",
       enableThinking: req.chat_template_kwargs?.enable_thinking ?? defaultThinking,
-    });
-    ids = engine.tokenize(prompt, true);
+    }, signal));
   } else {
     const text = (req.content ?? req.prompt)!;
     ids = isChat(engine) ? engine.tokenize(text, special) : await engine.tokenize(text);

@@ -163,8 +163,8 @@ export class UpstreamChatEngine implements ChatEngine {
     throw unsupported(this.pool.model, "/detokenize");
   }
 
-  renderPrompt(): string {
-    throw unsupported(this.pool.model, "/tokenize");
+  prompt(): Promise<{ text: string; tokens: number[] }> {
+    return Promise.reject(unsupported(this.pool.model, "/tokenize"));
   }
 
   tokenText(): { token: string; bytes: number[] } {

@@ -15,7 +15,7 @@ import type {
 import { EngineInputError } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { LlamaLibrary } from "./ffi.ts";
-import { Batch, type FlashAttention, NativeContext, NativeModel } from "./native.ts";
+import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeModel } from "./native.ts";
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
@@ -27,12 +27,15 @@ import { dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.
 import { OutputParser, type OutputPiece } from "./output_parser.ts";
 import { StopMatcher } from "./stop_strings.ts";
 import { EventQueue } from "./event_queue.ts";
+import { Slicer } from "../../event_loop.ts";
 
 /** How to load a GGUF chat model. */
 export interface LlamaChatOptions {
   modelPath: string;
   /** Layers on the GPU; -1 = all. */
   gpuLayers: number;
+  /** Tensor overrides and multi-GPU split (llama.cpp model parameters). */
+  placement?: ModelPlacement;
   threads: number;
   /** Sequences decoded together (requests × choices). */
   parallel: number;
@@ -79,6 +82,8 @@ export class LlamaChatEngine implements ChatEngine {
   readonly #batch: Batch;
   readonly #scheduler: Scheduler;
   readonly #template: ChatTemplate;
+  /** Bytes of the vocabulary's longest token (for a lower bound of a text's tokens). */
+  readonly #longestToken: number;
   readonly #log: Logger;
   /** Tokens of the text that opens a tool call (a single token makes the lazy grammar cheap). */
   readonly #openTokens: number[];
@@ -92,6 +97,7 @@ export class LlamaChatEngine implements ChatEngine {
     ctx: NativeContext,
     batch: Batch,
     template: ChatTemplate,
+    longestToken: number,
     opts: LlamaChatOptions,
     batching: string,
   ) {
@@ -99,6 +105,7 @@ export class LlamaChatEngine implements ChatEngine {
     this.#ctx = ctx;
     this.#batch = batch;
     this.#template = template;
+    this.#longestToken = longestToken;
     this.#log = opts.log;
     this.batching = batching;
     this.#scheduler = new Scheduler(model, ctx, batch, {
@@ -125,13 +132,18 @@ export class LlamaChatEngine implements ChatEngine {
    * ```
    */
   static async load(lib: LlamaLibrary, opts: LlamaChatOptions): Promise<LlamaChatEngine> {
-    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers);
+    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers, opts.placement);
     try {
       const source = model.chatTemplate();
       if (!source) throw new Error(`'${opts.modelPath}' has no chat template (tokenizer.chat_template)`);
-      const template = new ChatTemplate(source, {
-        bos: model.bos >= 0 ? model.detokenize([model.bos]) : "",
-        eos: model.eos >= 0 ? model.detokenize([model.eos]) : "",
+      const vocabulary = await model.scanVocabulary();
+      const template = new ChatTemplate({
+        source,
+        specials: {
+          bos: model.bos >= 0 ? model.detokenize([model.bos]) : "",
+          eos: model.eos >= 0 ? model.detokenize([model.eos]) : "",
+        },
+        markup: vocabulary.markup,
       });
       const parallel = Math.max(1, opts.parallel);
       const ctx = await NativeContext.create(model, {
@@ -159,7 +171,7 @@ export class LlamaChatEngine implements ChatEngine {
           );
         }
       }
-      return new LlamaChatEngine(model, ctx, batch, template, opts, batching);
+      return new LlamaChatEngine(model, ctx, batch, template, vocabulary.longestToken, opts, batching);
     } catch (e) {
       model.free();
       throw e;
@@ -188,12 +200,43 @@ export class LlamaChatEngine implements ChatEngine {
   }
 
   /**
-   * The prompt text for a job. The tools are in it under every tool_choice: under `none` too, as
-   * OpenAI and Anthropic keep them visible, so an agent's turn without calls keeps the prompt prefix
-   * of its other turns (and the model cannot open a call: see {@link #samplingOf}).
+   * A job's prompt: the chat template's text, and its tokens, in which only the template's own
+   * markup is special tokens: every client string is tokenized as text (see `markup.ts`). The tools
+   * are in it under every tool_choice: under `none` too, as OpenAI and Anthropic keep them visible,
+   * so an agent's turn without calls keeps the prompt prefix of its other turns (and the model
+   * cannot open a call: see {@link #samplingOf}).
+   * Large histories render on a worker thread, and long texts are tokenized off the event loop or
+   * between its turns. `limit`: stop early once the prompt has more tokens (`complete` false).
    */
-  renderPrompt(job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">): string {
-    return this.#template.render(job.messages, job.tools, job.enableThinking);
+  async prompt(
+    job: Pick<ChatJob, "messages" | "tools" | "toolChoice" | "enableThinking">,
+    signal?: AbortSignal,
+    limit = Infinity,
+  ): Promise<{ text: string; tokens: number[]; complete: boolean }> {
+    const rendered = await this.#template.renderAsync({
+      messages: job.messages,
+      tools: job.tools,
+      thinking: job.enableThinking,
+    }, signal);
+    const model = this.#model;
+    const tokens: number[] = [];
+    if (model.addBos && model.bos >= 0 && !rendered.text.startsWith(model.detokenize([model.bos]))) {
+      tokens.push(model.bos);
+    }
+    const slices = new Slicer(10, signal);
+    for (const piece of rendered.pieces) {
+      if (tokens.length > limit) return { text: rendered.text, tokens, complete: false };
+      if (slices.due) await slices.pause();
+      if (typeof piece === "number") tokens.push(piece);
+      else {
+        // About 2-4 ms of llama.cpp's time per 8 KB: longer texts go to a thread of their own.
+        const ids = piece.length > 8192
+          ? await model.tokenizeAsync(piece, false)
+          : model.tokenize(piece, false);
+        for (const id of ids) tokens.push(id);
+      }
+    }
+    return { text: rendered.text, tokens, complete: true };
   }
 
   /**
@@ -216,11 +259,17 @@ export class LlamaChatEngine implements ChatEngine {
     return this.tokenInfo(token);
   }
 
-  /** Prompt tokens of a rendered prompt. */
+  /**
+   * Tokens of a text: with `special`, special-token strings become their tokens (a raw prompt in the
+   * client's own template); without, all of it is plain text.
+   */
   tokenize(text: string, special = true): number[] {
     const addBos = this.#model.addBos && this.#model.bos >= 0 &&
       !text.startsWith(this.#model.detokenize([this.#model.bos]));
-    return [...(addBos ? [this.#model.bos] : []), ...this.#model.tokenize(text, special)];
+    const ids = special
+      ? this.#model.tokenize(text, true)
+      : this.#template.markup.fragments(text).flatMap((f) => this.#model.tokenize(f, false));
+    return [...(addBos ? [this.#model.bos] : []), ...ids];
   }
 
   async *generate(job: ChatJob, signal: AbortSignal): AsyncGenerator<ChatEvent> {
@@ -232,20 +281,30 @@ export class LlamaChatEngine implements ChatEngine {
       );
     }
     const raw = job.rawPrompt !== undefined;
-    const prompt = raw ? "" : this.renderPrompt(job);
-    const tokens = raw ? job.rawPrompt! : this.tokenize(prompt);
     const limit = this.contextSize;
-    if (tokens.length + Math.max(job.maxTokens ?? 1, 1) > limit) {
-      throw new EngineInputError(
+    const room = limit - Math.max(job.maxTokens ?? 1, 1);
+    const tooLong = (tokens: string) =>
+      new EngineInputError(
         `This model's context window is ${limit} tokens; the ${
           raw ? "prompt takes" : "messages take"
-        } ${tokens.length} tokens` +
+        } ${tokens}` +
           (job.maxTokens ? ` and max_tokens asks for ${job.maxTokens} more` : "") +
           `. Shorten the ${raw ? "prompt" : "messages"} or lower max_tokens.`,
         raw ? "prompt" : "messages",
         "context_length_exceeded",
       );
+    let prompt = "";
+    let tokens: number[];
+    if (raw) tokens = job.rawPrompt!;
+    else {
+      // A history far past the context is refused before it is rendered.
+      const floor = this.#template.promptFloor(job.messages, this.#longestToken);
+      if (floor > room) throw tooLong(`at least ${floor} tokens`);
+      const rendered = await this.prompt(job, signal, room);
+      if (!rendered.complete) throw tooLong(`more than ${room} tokens`);
+      ({ text: prompt, tokens } = rendered);
     }
+    if (tokens.length > room) throw tooLong(`${tokens.length} tokens`);
     const inThink = /<think>\s*$/.test(prompt);
     const thinking = inThink || (this.thinking.switchable && (job.enableThinking ?? this.thinking.defaultOn));
     const grammar = await this.#grammar(job, inThink, thinking, signal);
@@ -458,6 +517,7 @@ export class LlamaChatEngine implements ChatEngine {
   }
 
   dispose(): Promise<void> {
+    this.#template.dispose();
     this.#batch.free();
     this.#ctx.free();
     this.#model.free();

@@ -6,12 +6,15 @@
 import type { EmbeddingEngine } from "../types.ts";
 import type { LlamaLibrary } from "./ffi.ts";
 import { nativeView } from "./ffi.ts";
-import { Batch, type FlashAttention, NativeContext, NativeModel } from "./native.ts";
+import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeModel } from "./native.ts";
+import { Markup } from "../markup.ts";
 
 /** How to load a GGUF embedding model. */
 export interface LlamaEmbeddingOptions {
   modelPath: string;
   gpuLayers: number;
+  /** Tensor overrides and multi-GPU split (llama.cpp model parameters). */
+  placement?: ModelPlacement;
   threads: number;
   /** Longest input in tokens. */
   maxInputTokens: number;
@@ -73,6 +76,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly #model: NativeModel;
   readonly #ctx: NativeContext;
   readonly #batch: Batch;
+  /** The vocabulary's markup: inputs are text, none of it becomes a special token. */
+  readonly #markup: Markup;
   /** Steps of at most this many tokens, all finishing their inputs, take one decode. */
   readonly #onePassTokens: number;
   readonly #queue: Input[] = [];
@@ -93,11 +98,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     ctx: NativeContext,
     batch: Batch,
     pooling: "last" | "mean" | "cls",
+    markup: Markup,
     onePassTokens?: number,
   ) {
     this.#model = model;
     this.#ctx = ctx;
     this.#batch = batch;
+    this.#markup = markup;
     this.pooling = pooling;
     this.nativeDims = model.nEmbd;
     this.vocabSize = model.nVocab;
@@ -118,7 +125,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * ```
    */
   static async load(lib: LlamaLibrary, opts: LlamaEmbeddingOptions): Promise<LlamaEmbeddingEngine> {
-    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers);
+    const model = await NativeModel.load(lib, opts.modelPath, opts.gpuLayers, opts.placement);
     try {
       const arch = model.meta("general.architecture");
       const pooling = opts.pooling ?? POOLING_IDS[model.meta(`${arch}.pooling_type`) ?? ""] ?? "last";
@@ -136,7 +143,15 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         pooling: "none",
         kvUnified: true,
       });
-      return new LlamaEmbeddingEngine(model, ctx, new Batch(lib, batchTokens), pooling, opts.onePassTokens);
+      const markup = new Markup((await model.scanVocabulary()).markup);
+      return new LlamaEmbeddingEngine(
+        model,
+        ctx,
+        new Batch(lib, batchTokens),
+        pooling,
+        markup,
+        opts.onePassTokens,
+      );
     } catch (e) {
       model.free();
       throw e;
@@ -152,7 +167,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   }
 
   tokenize(text: string): Promise<number[]> {
-    return Promise.resolve(this.completeTokens(this.#model.tokenize(text, false)));
+    const ids = this.#markup.fragments(text).flatMap((f) => this.#model.tokenize(f, false));
+    return Promise.resolve(this.completeTokens(ids));
   }
 
   detokenize(ids: readonly number[]): string {

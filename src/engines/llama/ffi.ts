@@ -13,13 +13,23 @@
 /** Byte offsets in `struct llama_model_params` (80 bytes). */
 export const MODEL_PARAMS = {
   size: 80,
+  /** `const struct llama_model_tensor_buft_override *`: {pattern, buft} pairs, a null pattern ends them. */
+  tensorBuftOverrides: 8,
   nGpuLayers: 16,
   splitMode: 20,
+  loadMode: 24,
   mainGpu: 32,
+  /** `const float *` of `llama_max_devices()` proportions. */
+  tensorSplit: 40,
   vocabOnly: 72,
   checkTensors: 73,
   useExtraBufts: 74,
+  /** Read the header and size every buffer without allocating or reading weights. */
+  noAlloc: 76,
 } as const;
+
+/** `enum llama_split_mode`. */
+export const SPLIT_MODE = { none: 0, layer: 1, row: 2 } as const;
 
 /** Byte offsets in `struct llama_context_params` (160 bytes). */
 export const CONTEXT_PARAMS = {
@@ -87,6 +97,13 @@ const SYMBOLS = {
     parameters: ["pointer", "buffer", "i32", "buffer", "i32", "bool", "bool"],
     result: "i32",
   },
+  // The same on a thread of its own: llama.cpp tokenizes about 1-4 MB of text a second.
+  llama_tokenize_nonblocking: {
+    name: "llama_tokenize",
+    parameters: ["pointer", "buffer", "i32", "buffer", "i32", "bool", "bool"],
+    result: "i32",
+    nonblocking: true,
+  },
   llama_token_to_piece: { parameters: ["pointer", "i32", "buffer", "i32", "i32", "bool"], result: "i32" },
   llama_init_from_model: { parameters: ["pointer", contextParams], result: "pointer", nonblocking: true },
   llama_free: { parameters: ["pointer"], result: "void" },
@@ -153,20 +170,103 @@ const SYMBOLS = {
   llama_sampler_clone: { parameters: ["pointer"], result: "pointer" },
   llama_sampler_free: { parameters: ["pointer"], result: "void" },
   llama_attach_threadpool: { parameters: ["pointer", "pointer", "pointer"], result: "void" },
+  llama_max_devices: { parameters: [], result: "usize" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** ggml's backend registry (libggml) and threadpool settings (libggml-base). */
 const GGML_SYMBOLS = {
   ggml_backend_dev_by_type: { parameters: ["i32"], result: "pointer" },
+  ggml_backend_dev_count: { parameters: [], result: "usize" },
+  ggml_backend_dev_get: { parameters: ["usize"], result: "pointer" },
 } as const satisfies Deno.ForeignLibraryInterface;
 const GGML_BASE_SYMBOLS = {
   ggml_backend_dev_backend_reg: { parameters: ["pointer"], result: "pointer" },
   ggml_backend_reg_get_proc_address: { parameters: ["pointer", "buffer"], result: "pointer" },
   ggml_threadpool_params_init: { parameters: ["buffer", "i32"], result: "void" },
+  ggml_backend_dev_name: { parameters: ["pointer"], result: "pointer" },
+  ggml_backend_dev_description: { parameters: ["pointer"], result: "pointer" },
+  ggml_backend_dev_type: { parameters: ["pointer"], result: "i32" },
+  ggml_backend_dev_memory: { parameters: ["pointer", "buffer", "buffer"], result: "void" },
+  ggml_backend_dev_buffer_type: { parameters: ["pointer"], result: "pointer" },
+  ggml_backend_buft_name: { parameters: ["pointer"], result: "pointer" },
 } as const satisfies Deno.ForeignLibraryInterface;
+
+/** `enum ggml_backend_dev_type`. */
+const DEVICE_TYPES = ["CPU", "GPU", "IGPU", "ACCEL", "META"] as const;
+
+/** A ggml backend device as llama.cpp sees it. */
+export interface BackendDevice {
+  /** `CPU`, `CUDA0`, `Vulkan0`, … */
+  name: string;
+  description: string;
+  type: (typeof DEVICE_TYPES)[number] | "unknown";
+  /** Bytes free and in all, as the backend reports them (0 when it cannot tell). */
+  free: number;
+  total: number;
+  /** The device's default buffer type: what a tensor override to this device names. */
+  bufferType: Deno.PointerObject;
+  /** Its name (`CPU`, `CUDA0`, …): the `DEVICE` of `--override-tensor PATTERN=DEVICE`. */
+  bufferTypeName: string;
+}
 
 /** The bound library. */
 export type LlamaSymbols = Deno.DynamicLibrary<typeof SYMBOLS>["symbols"];
+
+let ggmlLibs:
+  | {
+    ggml: Deno.DynamicLibrary<typeof GGML_SYMBOLS>["symbols"];
+    base: Deno.DynamicLibrary<typeof GGML_BASE_SYMBOLS>["symbols"];
+  }
+  | undefined;
+
+/** libggml and libggml-base beside the loaded libllama (bound once). */
+function ggmlLibraries(llamaPath: string): NonNullable<typeof ggmlLibs> {
+  if (ggmlLibs) return ggmlLibs;
+  const dir = llamaPath.replace(/\/[^/]+$/, "");
+  const ggmlName = [...Deno.readDirSync(dir)].map((e) => e.name).find((n) =>
+    /^libggml(\.v[\d.]+)?\.so$/.test(n)
+  );
+  if (!ggmlName) throw new Error(`libggml is not beside '${llamaPath}'`);
+  ggmlLibs = {
+    ggml: Deno.dlopen(`${dir}/${ggmlName}`, GGML_SYMBOLS).symbols,
+    base: Deno.dlopen(`${dir}/libggml-base.so`, GGML_BASE_SYMBOLS).symbols,
+  };
+  return ggmlLibs;
+}
+
+/**
+ * The backend devices the loaded llama.cpp build has (the CPU, and each GPU of a CUDA or Vulkan
+ * build), with their memory as the backends report it.
+ *
+ * @example
+ * ```ts
+ * const gpus = backendDevices(openLlamaLibrary()).filter((d) => d.type === "GPU");
+ * ```
+ */
+export function backendDevices(lib: LlamaLibrary): BackendDevice[] {
+  const { ggml, base } = ggmlLibraries(lib.path);
+  const out: BackendDevice[] = [];
+  const count = Number(ggml.ggml_backend_dev_count());
+  for (let i = 0; i < count; i++) {
+    const dev = ggml.ggml_backend_dev_get(BigInt(i));
+    if (!dev) continue;
+    const free = new BigUint64Array(1);
+    const total = new BigUint64Array(1);
+    base.ggml_backend_dev_memory(dev, free, total);
+    const buft = base.ggml_backend_dev_buffer_type(dev);
+    if (!buft) continue;
+    out.push({
+      name: readCString(base.ggml_backend_dev_name(dev)),
+      description: readCString(base.ggml_backend_dev_description(dev)),
+      type: DEVICE_TYPES[base.ggml_backend_dev_type(dev)] ?? "unknown",
+      free: Number(free[0]),
+      total: Number(total[0]),
+      bufferType: buft,
+      bufferTypeName: readCString(base.ggml_backend_buft_name(buft)),
+    });
+  }
+  return out;
+}
 
 /** A bound libllama and where it came from. */
 export interface LlamaLibrary {
@@ -318,6 +418,11 @@ function checkLayouts(s: LlamaSymbols): void {
   const view = new DataView(ctx.buffer);
   const ok = model.byteLength === MODEL_PARAMS.size && model.getInt32(MODEL_PARAMS.nGpuLayers, true) === -1 &&
     modelBytes[MODEL_PARAMS.vocabOnly] === 0 && modelBytes[MODEL_PARAMS.useExtraBufts] === 1 &&
+    model.getInt32(MODEL_PARAMS.splitMode, true) === SPLIT_MODE.layer &&
+    model.getInt32(MODEL_PARAMS.loadMode, true) === -1 && model.getInt32(MODEL_PARAMS.mainGpu, true) === 0 &&
+    model.getBigUint64(MODEL_PARAMS.tensorBuftOverrides, true) === 0n &&
+    model.getBigUint64(MODEL_PARAMS.tensorSplit, true) === 0n && modelBytes[MODEL_PARAMS.noAlloc] === 0 &&
+    Number(s.llama_max_devices()) >= 1 &&
     ctx.byteLength === CONTEXT_PARAMS.size && view.getUint32(CONTEXT_PARAMS.nCtx, true) === 512 &&
     view.getUint32(CONTEXT_PARAMS.nBatch, true) === 2048 &&
     view.getUint32(CONTEXT_PARAMS.nSeqMax, true) === 1 &&

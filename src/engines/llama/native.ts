@@ -11,10 +11,35 @@ import {
   POOLING,
   readCString,
   serialized,
+  SPLIT_MODE,
 } from "./ffi.ts";
+import type { MarkupToken } from "../markup.ts";
+import { Slicer } from "../../event_loop.ts";
+
+/** Where a model's weights go, beyond the number of offloaded layers (llama.cpp model parameters). */
+export interface ModelPlacement {
+  /**
+   * Tensor buffer-type overrides, in order (the first pattern that matches a tensor name wins):
+   * a regex over names such as `blk.3.ffn_up_exps.weight` and the buffer type of a device.
+   */
+  overrides?: readonly { pattern: string; bufferType: Deno.PointerObject }[];
+  /** How layers are spread over several GPUs (llama.cpp's default: `layer`). */
+  splitMode?: keyof typeof SPLIT_MODE;
+  /** The GPU used for the whole model with split mode `none` (and for small tensors with `row`). */
+  mainGpu?: number;
+  /** Proportions of the model per GPU; absent: in proportion to each GPU's free memory. */
+  tensorSplit?: readonly number[];
+  /**
+   * Reads the header and sizes every buffer without allocating them or reading weights: a dry
+   * run whose load log gives llama.cpp's own figures. The model cannot compute.
+   */
+  noAlloc?: boolean;
+}
 
 /** Token attribute bits (`llama_token_attr`). */
+const ATTR_UNKNOWN = 1 << 0;
 const ATTR_CONTROL = 1 << 3;
+const ATTR_USER_DEFINED = 1 << 4;
 
 /** A loaded GGUF model and its vocabulary. */
 export class NativeModel {
@@ -29,7 +54,13 @@ export class NativeModel {
   readonly #pieces = new Map<number, Uint8Array>();
   #freed = false;
 
-  private constructor(readonly lib: LlamaLibrary, readonly ptr: Deno.PointerObject, readonly path: string) {
+  private constructor(
+    readonly lib: LlamaLibrary,
+    readonly ptr: Deno.PointerObject,
+    readonly path: string,
+    /** Native memory the model parameters pointed to (override patterns, split), kept with the model. */
+    readonly params: unknown = undefined,
+  ) {
     const s = lib.symbols;
     this.vocab = s.llama_model_get_vocab(ptr)!;
     this.nVocab = s.llama_vocab_n_tokens(this.vocab);
@@ -51,10 +82,17 @@ export class NativeModel {
    * const model = await NativeModel.load(lib, "model.gguf", 0);
    * ```
    */
-  static async load(lib: LlamaLibrary, path: string, gpuLayers: number): Promise<NativeModel> {
+  static async load(
+    lib: LlamaLibrary,
+    path: string,
+    gpuLayers: number,
+    placement: ModelPlacement = {},
+  ): Promise<NativeModel> {
     const s = lib.symbols;
     const params = s.llama_model_default_params();
-    new DataView(params.buffer).setInt32(MODEL_PARAMS.nGpuLayers, gpuLayers, true);
+    const view = new DataView(params.buffer);
+    view.setInt32(MODEL_PARAMS.nGpuLayers, gpuLayers, true);
+    const kept = placementParams(lib, view, placement);
     // Recurrent and hybrid models keep their weights in plain CPU buffers: the CPU backend's extra
     // (repacked) buffer types of the llama.cpp node-llama-cpp 3.21.1 ships give wrong results for them
     // (AMX: a matmul over several sequences reads the weights of the first one at a wrong offset,
@@ -62,7 +100,7 @@ export class NativeModel {
     if (await NativeModel.#isRecurrent(lib, path)) params[MODEL_PARAMS.useExtraBufts] = 0;
     const ptr = await s.llama_model_load_from_file(cString(path), params);
     if (!ptr) throw new Error(`llama.cpp could not load '${path}' (the log above says why)`);
-    return new NativeModel(lib, ptr, path);
+    return new NativeModel(lib, ptr, path, kept);
   }
 
   /** Whether the GGUF at `path` has recurrent or hybrid memory (loads its vocabulary only). */
@@ -120,6 +158,53 @@ export class NativeModel {
       if (n === -2147483648) throw new Error("the text is too long to tokenize");
       cap = -n;
     }
+  }
+
+  /**
+   * Tokenizes `text` on a thread of its own (a long text takes llama.cpp a second per megabyte or
+   * so); as {@link tokenize} without BOS/EOS.
+   */
+  async tokenizeAsync(text: string, special: boolean): Promise<number[]> {
+    const bytes = new TextEncoder().encode(text);
+    // A token holds at least one byte: this many always suffice.
+    const cap = bytes.length + 8;
+    const out = new Int32Array(cap);
+    const n = await this.lib.symbols.llama_tokenize_nonblocking(
+      this.vocab,
+      bytes,
+      bytes.length,
+      out,
+      cap,
+      false,
+      special,
+    );
+    if (n < 0) throw new Error("the text is too long to tokenize");
+    return Array.from(out.subarray(0, n));
+  }
+
+  /**
+   * One pass over the vocabulary: its markup tokens, the ones llama.cpp turns special-token text
+   * into when asked to parse it (control and unknown tokens, and user-defined ones such as
+   * `<think>`, which it matches in plain text too), and the longest token's bytes. 30-80 ms for
+   * 151k tokens: in slices that leave the event loop free.
+   */
+  async scanVocabulary(): Promise<{ markup: MarkupToken[]; longestToken: number }> {
+    const markup: MarkupToken[] = [];
+    const s = this.lib.symbols;
+    const buf = new Uint8Array(1024);
+    let longestToken = 1;
+    const slices = new Slicer(10);
+    for (let id = 0; id < this.nVocab; id++) {
+      if (id % 1024 === 0 && slices.due) await slices.pause();
+      const n = s.llama_token_to_piece(this.vocab, id, buf, buf.length, 0, false);
+      longestToken = Math.max(longestToken, n < 0 ? -n : n);
+      const attr = s.llama_vocab_get_attr(this.vocab, id);
+      if ((attr & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)) === 0) continue;
+      const text = new TextDecoder().decode(this.piece(id, true));
+      // (With text parsing off, llama.cpp skips control and unknown tokens, user-defined or not.)
+      markup.push({ id, text, matchedInText: (attr & (ATTR_CONTROL | ATTR_UNKNOWN)) === 0 });
+    }
+    return { markup, longestToken };
   }
 
   /** The bytes a token stands for (control tokens render as nothing unless `special`). */
@@ -184,6 +269,47 @@ export class NativeModel {
     this.#freed = true;
     this.lib.symbols.llama_model_free(this.ptr);
   }
+}
+
+/**
+ * Writes `placement` into model parameters `view`; returns the native buffers the parameters point
+ * to, which must live as long as the model (llama.cpp keeps the pointers).
+ *
+ * @example
+ * ```ts
+ * const params = lib.symbols.llama_model_default_params();
+ * const kept = placementParams(lib, new DataView(params.buffer), { splitMode: "row" });
+ * ```
+ */
+export function placementParams(lib: LlamaLibrary, view: DataView, placement: ModelPlacement): unknown {
+  const kept: Uint8Array[] = [];
+  const address = (buf: Uint8Array<ArrayBuffer>) => {
+    kept.push(buf);
+    return BigInt(Deno.UnsafePointer.value(Deno.UnsafePointer.of(buf)));
+  };
+  if (placement.overrides?.length) {
+    // struct llama_model_tensor_buft_override { const char * pattern; ggml_backend_buffer_type_t buft; }
+    const list = new BigUint64Array(new ArrayBuffer((placement.overrides.length + 1) * 16));
+    placement.overrides.forEach((o, i) => {
+      list[i * 2] = address(cString(o.pattern));
+      list[i * 2 + 1] = BigInt(Deno.UnsafePointer.value(o.bufferType));
+    });
+    view.setBigUint64(MODEL_PARAMS.tensorBuftOverrides, address(new Uint8Array(list.buffer)), true);
+  }
+  if (placement.splitMode) view.setInt32(MODEL_PARAMS.splitMode, SPLIT_MODE[placement.splitMode], true);
+  if (placement.mainGpu !== undefined) view.setInt32(MODEL_PARAMS.mainGpu, placement.mainGpu, true);
+  if (placement.tensorSplit?.length) {
+    // llama.cpp reads llama_max_devices() floats from the pointer.
+    const n = Math.max(Number(lib.symbols.llama_max_devices()), placement.tensorSplit.length);
+    const split = new Float32Array(n);
+    split.set(placement.tensorSplit);
+    view.setBigUint64(MODEL_PARAMS.tensorSplit, address(new Uint8Array(split.buffer)), true);
+  }
+  if (placement.noAlloc) {
+    view.setUint8(MODEL_PARAMS.noAlloc, 1);
+    view.setInt32(MODEL_PARAMS.loadMode, 0, true); // a dry run maps nothing (llama.cpp asserts it)
+  }
+  return kept;
 }
 
 /** How to create a context. */

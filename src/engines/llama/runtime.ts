@@ -6,6 +6,8 @@ import type { Logger } from "../../log.ts";
 export type GpuSetting = "auto" | "cuda" | "vulkan" | "cpu";
 
 const runtimes = new Map<GpuSetting, Promise<Llama>>();
+/** Listeners that receive every llama.cpp log line while they are registered (see {@link captureLlamaLog}). */
+const taps = new Set<(line: string) => void>();
 
 /**
  * The runtime for `gpu`; prebuilt binaries only (`build: "never"`), never a compile at run time.
@@ -24,8 +26,14 @@ export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
       logLevel: LlamaLogLevel.warn,
       logger: (level, message) => {
         const text = message.trim();
+        for (const tap of taps) tap(text);
         // The Qwen vocabulary trips this llama.cpp warning for every real Qwen GGUF too.
         if (!text || text.includes("control-looking token")) return;
+        // Embedding contexts ask for no pooling on purpose: the engine pools the token states itself.
+        if (/pooling_type is \[\d+\], but \[0\] was specified/.test(text)) {
+          log.debug(`llama.cpp: ${text} (expected: vserve pools the token states itself)`);
+          return;
+        }
         if (level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) log.error(`llama.cpp: ${text}`);
         else if (level === LlamaLogLevel.warn) log.warn(`llama.cpp: ${text}`);
         else log.debug(`llama.cpp: ${text}`);
@@ -34,6 +42,39 @@ export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
     runtimes.set(gpu, runtime);
   }
   return runtime;
+}
+
+/**
+ * Collects llama.cpp's log lines, down to debug level, until `stop()` (or the end of an
+ * `await using` scope), then hands them to `onStop`: the load log that says where each tensor went
+ * and how large each buffer is. Lines below warning level still go to the server log at debug
+ * level only.
+ *
+ * @example
+ * ```ts
+ * await using _log = captureLlamaLog(llama, (lines) => console.log(parseLlamaLog(lines)));
+ * const model = await NativeModel.load(lib, path, layers);
+ * ```
+ */
+export function captureLlamaLog(
+  llama: Llama,
+  onStop: (lines: string[]) => void = () => {},
+): { lines: string[]; stop(): Promise<string[]>; [Symbol.asyncDispose](): Promise<void> } {
+  const lines: string[] = [];
+  const tap = (line: string) => void lines.push(line);
+  taps.add(tap);
+  llama.logLevel = LlamaLogLevel.debug;
+  let stopped: Promise<string[]> | undefined;
+  const stop = () =>
+    stopped ??= (async () => {
+      // llama.cpp's lines reach JS through the addon's queue: let any still queued arrive.
+      await new Promise((r) => setTimeout(r, 0));
+      taps.delete(tap);
+      if (taps.size === 0) llama.logLevel = LlamaLogLevel.warn;
+      onStop(lines);
+      return lines;
+    })();
+  return { lines, stop, [Symbol.asyncDispose]: async () => void await stop() };
 }
 
 /** Threads for one engine: the configured count, never more than the cores. */

@@ -1,6 +1,7 @@
 /** ONNX embedding models through onnxruntime-node, with dynamic batching across requests. */
 import { createRequire } from "node:module";
 import { Tokenizer } from "@huggingface/tokenizers";
+import { Markup, type MarkupToken } from "../markup.ts";
 import type { EmbeddingEngine } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { SessionReply, SessionRequest } from "./session_worker.ts";
@@ -112,6 +113,10 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   readonly vocabSize: number;
   readonly #session: SessionClient;
   readonly #tokenizer: Tokenizer;
+  /** The tokenizer's added tokens: inputs are text, none of it becomes one of them. */
+  readonly #markup: Markup;
+  /** What the tokenizer's post-processor puts around a text (e.g. BERT's [CLS] … [SEP]). */
+  readonly #wrap: { before: number[]; after: number[] };
   readonly #opts: OnnxEmbeddingOptions;
   readonly #pad: number;
   readonly #eos: number;
@@ -129,9 +134,12 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     dims: number,
     vocabSize: number,
     pad: number,
+    markup: MarkupToken[],
   ) {
     this.#session = session;
     this.#tokenizer = tokenizer;
+    this.#markup = new Markup(markup);
+    this.#wrap = postProcessorWrap(tokenizer);
     this.#opts = opts;
     this.nativeDims = dims;
     this.vocabSize = vocabSize;
@@ -172,7 +180,9 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     const padName = tokenizerConfig.pad_token ?? "<|endoftext|>";
     const pad =
       added.find((a) => a.content === (typeof padName === "string" ? padName : padName.content))?.id ?? 0;
-    const engine = new OnnxEmbeddingEngine(session, tokenizer, opts, 0, vocabSize, pad);
+    // The tokenizer matches every added token in text, special or not.
+    const markup = added.map((a) => ({ id: a.id, text: a.content, matchedInText: true }));
+    const engine = new OnnxEmbeddingEngine(session, tokenizer, opts, 0, vocabSize, pad, markup);
     let probe: Float32Array[];
     try {
       probe = await engine.#run([[pad]]);
@@ -185,7 +195,12 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   }
 
   tokenize(text: string): Promise<number[]> {
-    return Promise.resolve(this.completeTokens(this.#tokenizer.encode(text).ids));
+    const fragments = this.#markup.fragments(text);
+    if (fragments.length === 1) return Promise.resolve(this.completeTokens(this.#tokenizer.encode(text).ids));
+    const ids = [...this.#wrap.before];
+    for (const f of fragments) ids.push(...this.#tokenizer.encode(f, { add_special_tokens: false }).ids);
+    ids.push(...this.#wrap.after);
+    return Promise.resolve(this.completeTokens(ids));
   }
 
   detokenize(ids: readonly number[]): string {
@@ -305,6 +320,15 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     while (this.#running) await new Promise((r) => setTimeout(r, 10));
     await this.#session.close();
   }
+}
+
+/** The ids the tokenizer's post-processor adds before and after a text's own. */
+function postProcessorWrap(tokenizer: Tokenizer): { before: number[]; after: number[] } {
+  const full = tokenizer.encode("a").ids;
+  const bare = tokenizer.encode("a", { add_special_tokens: false }).ids;
+  const at = full.findIndex((_, i) => bare.every((id, k) => full[i + k] === id));
+  if (at < 0) return { before: [], after: [] };
+  return { before: full.slice(0, at), after: full.slice(at + bare.length) };
 }
 
 /** Rejects `job`'s inputs still to run with `reason`; it has none left then. */

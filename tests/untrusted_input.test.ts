@@ -1,0 +1,175 @@
+/**
+ * Inputs a hostile tenant sends, through a real server: a history of thousands of messages is
+ * refused or counted without holding the event loop; compressed bodies are decoded (gzip, deflate)
+ * or refused with a 415 naming the encoding; an overlong path is a 414 with the OpenAI error body;
+ * the start leaves no llama.cpp warning about pooling.
+ */
+import assert from "node:assert/strict";
+import { postJson, startServer } from "./helpers/server.ts";
+import { assertApiError, serverTest } from "./helpers/assert.ts";
+
+const KEY = "test-key";
+const CHAT = "vserve/tiny-chat";
+const server = await startServer(["--api-key", KEY], { waitReady: true });
+globalThis.addEventListener("unload", () => void server.stop());
+const url = (path: string) => `${server.url}${path}`;
+const auth = { authorization: `Bearer ${KEY}` };
+
+/** Event-loop stalls over 50 ms so far (the server's own CPU-time-based histogram). */
+async function stallsOver50ms(): Promise<number> {
+  const text = await (await fetch(url("/metrics"))).text();
+  const read = (series: string) =>
+    Number(text.split("\n").find((l) => l.startsWith(series))!.split(" ").at(-1));
+  return read("vserve_event_loop_stall_seconds_count") -
+    read('vserve_event_loop_stall_seconds_bucket{le="0.05"}');
+}
+
+/**
+ * Probes `/health` from a worker (this thread builds large bodies) until stopped; `answered()` says
+ * how many answers came so far.
+ */
+async function healthProbe(): Promise<{ answered(): number; stop(): void }> {
+  const code = `
+    let stopped = false;
+    self.onmessage = () => void (stopped = true);
+    while (!stopped) {
+      const res = await fetch(${JSON.stringify(url("/health"))});
+      await res.body?.cancel();
+      self.postMessage("answer");
+      await new Promise((r) => setTimeout(r, 5));
+    }`;
+  const worker = new Worker(URL.createObjectURL(new Blob([code], { type: "text/javascript" })), {
+    type: "module",
+  });
+  let answers = 0;
+  const first = new Promise<void>((resolve) => {
+    worker.onmessage = () => {
+      answers++;
+      resolve();
+    };
+  });
+  await first;
+  return {
+    answered: () => answers,
+    stop: () => {
+      worker.postMessage("stop");
+      setTimeout(() => worker.terminate(), 200);
+    },
+  };
+}
+
+/** `n` alternating user and assistant messages of about ten tokens each. */
+function history(n: number) {
+  return Array.from({ length: n }, (_, i) => ({
+    role: i % 2 ? "assistant" : "user",
+    content: `message number ${i} with a few more words in it`,
+  }));
+}
+
+/** POSTs a body serialised beforehand; returns what `postJson` does, and probe answers meanwhile. */
+async function timedPost(path: string, body: unknown, probe: { answered(): number }) {
+  const text = JSON.stringify(body);
+  const before = probe.answered();
+  const res = await postJson(url(path), text, KEY);
+  return { ...res, answersMeanwhile: probe.answered() - before };
+}
+
+serverTest(
+  "10,000 messages: a 400 naming messages; /health answers while long histories are counted",
+  async () => {
+    const stallsBefore = await stallsOver50ms();
+    const probe = await healthProbe();
+    try {
+      // Refused before rendering: 4 tokens a message at least, 40,000 past the 32k context.
+      const ten = await timedPost("/v1/chat/completions", { model: CHAT, messages: history(10_000) }, probe);
+      assertApiError(ten, 400, { param: "messages", code: "context_length_exceeded" });
+      assert.match(ten.body.error.message, /at least 40000 tokens/);
+      // 6,000 messages might fit by that bound: rendered on the template's worker and tokenized
+      // until the prompt passes the context (~107k tokens in all), while /health keeps answering.
+      const six = await timedPost("/v1/chat/completions", { model: CHAT, messages: history(6_000) }, probe);
+      assertApiError(six, 400, { param: "messages", code: "context_length_exceeded" });
+      assert.ok(six.answersMeanwhile >= 2, `${six.answersMeanwhile} /health answers during the request`);
+      // /tokenize has no context limit: the whole history is rendered and counted.
+      const counted = await timedPost("/tokenize", { model: CHAT, messages: history(10_000) }, probe);
+      assert.equal(counted.status, 200);
+      assert.ok(counted.body.count > 170_000, `${counted.body.count} tokens`);
+      assert.ok(
+        counted.answersMeanwhile >= 2,
+        `${counted.answersMeanwhile} /health answers during /tokenize`,
+      );
+    } finally {
+      probe.stop();
+    }
+    assert.equal(await stallsOver50ms() - stallsBefore, 0, "the event loop was held over 50 ms");
+    // Past 16,384 messages the request is refused before its messages are validated. (Not in the
+    // window above: parsing a 4.5 MB body of 100,000 objects is one block of its own.)
+    const many = await postJson(
+      url("/v1/chat/completions"),
+      { model: CHAT, messages: history(100_000) },
+      KEY,
+    );
+    assertApiError(many, 400, { param: "messages" });
+    assert.match(many.body.error.message, /at most 16384 messages/);
+  },
+);
+
+/** A JSON body compressed with `format`. */
+async function compressed(body: unknown, format: CompressionFormat): Promise<Uint8Array<ArrayBuffer>> {
+  const stream = new Blob([JSON.stringify(body)]).stream().pipeThrough(new CompressionStream(format));
+  return new Uint8Array(await new Response(stream).arrayBuffer());
+}
+
+async function postEncoded(body: BodyInit, encoding: string) {
+  const res = await fetch(url("/v1/chat/completions"), {
+    method: "POST",
+    headers: { ...auth, "content-type": "application/json", "content-encoding": encoding },
+    body,
+  });
+  return { status: res.status, body: await res.json() };
+}
+
+serverTest("gzip and deflate bodies are decoded; other encodings are a 415 naming them", async () => {
+  const request = { model: CHAT, messages: [{ role: "user", content: "hi" }], max_tokens: 2 };
+  for (const format of ["gzip", "deflate"] as const) {
+    const res = await postEncoded(await compressed(request, format), format);
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    assert.equal(res.body.usage.completion_tokens, 2);
+  }
+  for (const encoding of ["br", "zstd", "gzip, br"]) {
+    const res = await postEncoded(JSON.stringify(request), encoding);
+    assertApiError(res, 415, { code: "unsupported_content_encoding" });
+    assert.ok(res.body.error.message.includes(`'${encoding}'`), res.body.error.message);
+  }
+  assertApiError(await postEncoded("not gzip", "gzip"), 400, { code: "invalid_content_encoding" });
+  // A small body that inflates past the body limit (8 MiB) is refused, not decoded into memory.
+  const bomb = await compressed({ ...request, pad: " ".repeat(9 * 1024 * 1024) }, "gzip");
+  assert.ok(bomb.length < 64 * 1024);
+  assertApiError(await postEncoded(bomb, "gzip"), 413, { code: "request_too_large" });
+});
+
+serverTest("an overlong model id in the path is a 414 with the OpenAI error body", async () => {
+  for (const n of [10_000, 60_000]) {
+    const res = await fetch(url(`/v1/models/${"m".repeat(n)}`), { headers: auth });
+    assertApiError({ status: res.status, body: await res.json() }, 414, { code: "uri_too_long" });
+  }
+  // Past 65,534 bytes Deno's HTTP parser answers an empty 400 itself (no handler runs); the
+  // server goes on serving. (fetch refuses such a URL: a raw request.)
+  const host = new URL(server.url);
+  const conn = await Deno.connect({ hostname: host.hostname, port: Number(host.port) });
+  await conn.write(
+    new TextEncoder().encode(`GET /v1/models/${"m".repeat(100_000)} HTTP/1.1\r\nHost: x\r\n\r\n`),
+  );
+  const buf = new Uint8Array(1024);
+  const n = await conn.read(buf);
+  conn.close();
+  assert.match(new TextDecoder().decode(buf.subarray(0, n ?? 0)), /^HTTP\/1\.1 400 /);
+  const ok = await fetch(url(`/v1/models/${CHAT}`), { headers: auth });
+  assert.equal((await ok.json()).id, CHAT);
+});
+
+serverTest("the start logs no llama.cpp warning about the embedding context's pooling", () => {
+  const warnings = server.logs.filter((l) => l.includes('"level":"warn"'));
+  assert.ok(!warnings.some((l) => l.includes("pooling_type")), warnings.join("\n"));
+  assert.ok(server.logs.some((l) => l.includes("Vendor3-Embedding-8B")), "the embedding model was loaded");
+  return Promise.resolve();
+});
