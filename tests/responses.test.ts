@@ -211,8 +211,15 @@ serverTest("a function-call round trip: call → function_call_output → answer
     JSON.stringify([second.usage, alone.usage]),
   );
   const calls = first.output.filter((o: Json) => o.type === "function_call");
-  const rendered = await postJson(`${server.url}/tokenize`, {
+  // The same chat messages through chat completions (the tools are in the prompt under none too).
+  const rendered = await postJson(`${server.url}/v1/chat/completions`, {
     model: MODEL,
+    tools: [{
+      type: "function",
+      function: { name: WEATHER.name, description: WEATHER.description, parameters: WEATHER.parameters },
+    }],
+    tool_choice: "none",
+    max_tokens: 1,
     messages: [
       { role: "user", content: "Weather in Paris?" },
       {
@@ -227,11 +234,14 @@ serverTest("a function-call round trip: call → function_call_output → answer
       },
       { role: "tool", tool_call_id: call.call_id, content: "Sunny, 24 C" },
     ],
-    add_generation_prompt: true,
     chat_template_kwargs: { enable_thinking: false },
   }, KEY);
   assert.equal(rendered.status, 200, JSON.stringify(rendered.body));
-  assert.equal(second.usage.input_tokens, rendered.body.count, "the items render as the same chat messages");
+  assert.equal(
+    second.usage.input_tokens,
+    rendered.body.usage.prompt_tokens,
+    "the items render as the same chat messages",
+  );
 
   // The same call streamed: argument deltas add up to .done and to the final item.
   const stream = await client.responses.create({
