@@ -21,6 +21,7 @@ import { poolOf } from "./src/upstream/load.ts";
 import { ReasoningSealer } from "./src/services/reasoning_seal.ts";
 import { startExitGuard } from "./src/exit_guard.ts";
 import { SystemdNotifier } from "./src/systemd.ts";
+import { ComputeShare, type ComputeUse } from "./src/engines/compute_share.ts";
 
 async function main(): Promise<number> {
   let loaded;
@@ -102,7 +103,9 @@ async function main(): Promise<number> {
 
   const shutdown = new AbortController();
   const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal };
-  const metrics = createMetrics(registry);
+  // Every local engine takes its compute steps in turn from this one arbiter (weighted fair share).
+  const computeShare = new ComputeShare();
+  const metrics = createMetrics(registry, computeShare);
   const loopMonitor = new EventLoopMonitor((stall, lag) => {
     metrics.eventLoopStall.observe({}, stall);
     metrics.eventLoopLag.observe({}, lag);
@@ -133,6 +136,7 @@ async function main(): Promise<number> {
     maxQueuedEmbeddingTokens: config.maxQueuedEmbeddingTokens,
     corsOrigins: config.corsOrigins,
     connections: () => connections,
+    computeUsage: () => computeShare.usage(),
   });
   let connections: ConnectionWatch | null = null;
 
@@ -169,10 +173,11 @@ async function main(): Promise<number> {
   notifier?.send(`READY=1\nSTATUS=listening on port ${port}; loading models`);
   notifier?.startWatchdog();
   const loading = registry.loadAll(
-    (spec, report) => loadEngine(spec, config, log, report, plans.get(spec.id)),
+    (spec, report) => loadEngine(spec, config, log, report, plans.get(spec.id), computeShare),
     log,
   );
   loading.then(() => {
+    for (const s of registry.slots) if (s.state === "failed") computeShare.forget(s.spec.id);
     const failed = registry.slots.filter((s) => s.state === "failed").length;
     notifier?.send(
       `STATUS=listening on port ${port}; ${registry.slots.length - failed} models loaded` +
@@ -251,10 +256,16 @@ async function runPlan(config: Config): Promise<number> {
 }
 
 /** The metrics, with gauges read from the registry at scrape time. */
-function createMetrics(registry: Registry): Metrics {
+function createMetrics(registry: Registry, share: ComputeShare): Metrics {
   const stateValue = { loading: 0, loaded: 1, failed: -1 } as const;
   const engineCounter = (name: string, help: string) =>
     new CounterReader(`vserve_engine_${name}_total`, help, () =>
+      registry.slots.flatMap((s) => {
+        const value = s.engine?.counters?.()[name];
+        return value === undefined ? [] : [[{ model: s.spec.id }, value] as [Record<string, string>, number]];
+      }));
+  const engineGauge = (name: string, help: string) =>
+    new Gauge(`vserve_engine_${name}`, help, () =>
       registry.slots.flatMap((s) => {
         const value = s.engine?.counters?.()[name];
         return value === undefined ? [] : [[{ model: s.spec.id }, value] as [Record<string, string>, number]];
@@ -267,6 +278,19 @@ function createMetrics(registry: Registry): Metrics {
     engineCounter("batched_tokens", "Tokens in all batches (with decodes: the mean batch size)."),
     engineCounter("checkpoints_saved", "Recurrent-state checkpoints taken (hybrid models)."),
     engineCounter("checkpoints_restored", "Recurrent-state checkpoints restored (hybrid models)."),
+    engineCounter("prompt_tokens_copied", "Prompt tokens copied from another sequence's memory."),
+    engineCounter("prefix_copies", "Prompts that started from a copy of another sequence's prefix."),
+    engineCounter(
+      "prefix_waits",
+      "Prompts that waited for a concurrent prompt to compute their shared prefix.",
+    ),
+    engineCounter("prompt_cache_hits", "Prompts restored from the host-memory prompt cache."),
+    engineCounter("prompt_cache_tokens_restored", "Prompt tokens restored from the prompt cache."),
+    engineCounter("prompt_cache_saves", "Sequence states saved into the prompt cache."),
+    engineCounter("prompt_cache_evictions", "Prompt cache entries dropped for room (least recently used)."),
+    engineCounter("prompt_cache_seconds", "Time saving and restoring prompt cache states."),
+    engineGauge("prompt_cache_bytes", "Host memory held by the prompt cache."),
+    engineGauge("prompt_cache_entries", "Saved prompts in the prompt cache."),
     engineCounter("decode_seconds", "Time in model evaluation (llama_decode)."),
     engineCounter("sample_seconds", "Time sampling and handling generated tokens."),
     engineCounter("step_seconds", "Time in generation steps altogether."),
@@ -295,8 +319,33 @@ function createMetrics(registry: Registry): Metrics {
       "Requests waiting for a free sequence or context.",
       () => registry.slots.map((s) => [{ model: s.spec.id }, Math.max(0, s.inFlight - s.parallel)]),
     ),
+    ...computeFamilies(share),
     ...upstreamMetricFamilies(() => registry.slots.flatMap((s) => poolOf(s.engine) ?? [])),
   ]);
+}
+
+/** Each model's use of the shared compute (see src/engines/compute_share.ts). */
+function computeFamilies(share: ComputeShare) {
+  const per = (value: (u: ComputeUse) => number) => (): [Record<string, string>, number][] =>
+    share.usage().map((u) => [{ model: u.model }, value(u)]);
+  return [
+    new CounterReader(
+      "vserve_compute_seconds_total",
+      "Time in the model's compute steps (decodes, ONNX runs).",
+      per((u) => u.seconds),
+    ),
+    new CounterReader(
+      "vserve_compute_held_seconds_total",
+      "Time the compute was held for the model between two of its steps (charged to its share).",
+      per((u) => u.heldSeconds),
+    ),
+    new CounterReader("vserve_compute_steps_total", "Compute steps of the model.", per((u) => u.steps)),
+    new Gauge(
+      "vserve_compute_share",
+      "The model's weight over all local models' weights: its share of compute while all are busy.",
+      per((u) => u.share),
+    ),
+  ];
 }
 
 if (import.meta.main) {

@@ -8,6 +8,7 @@ import { silentLogger } from "../src/log.ts";
 import { loadConfig } from "../src/config.ts";
 import { resolveModelSpecs } from "../src/model_specs.ts";
 import { loadEngine } from "../src/engines/load.ts";
+import { ComputeShare } from "../src/engines/compute_share.ts";
 import type { ChatEngine, EmbeddingEngine } from "../src/engines/types.ts";
 import { toJob } from "../src/services/chat.ts";
 import type { ChatRequest } from "../src/protocol/chat.ts";
@@ -33,10 +34,11 @@ export async function loadInProcess(
 ): Promise<InProcessSide> {
   const { config } = await loadConfig(serverArgs, {});
   const specs = await resolveModelSpecs(config);
+  const share = new ComputeShare();
   const load = async (id: string) => {
     const spec = specs.find((s) => s.id === id);
     if (!spec) throw new Error(`no model '${id}' in the benchmark's registry`);
-    return await loadEngine(spec, config, silentLogger, () => {});
+    return await loadEngine(spec, config, silentLogger, () => {}, undefined, share);
   };
   const chatEngines = new Map<string, ChatEngine>();
   for (const id of chatIds) chatEngines.set(id, await load(id) as ChatEngine);

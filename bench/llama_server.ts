@@ -31,7 +31,7 @@ export interface EmbeddingServerShape {
 /** llama.cpp pads a context to 256 cells; node-llama-cpp asks for the padded size up front. */
 const pad256 = (n: number) => Math.ceil(n / 256) * 256;
 
-/** Settings both servers share: no RAM prompt cache, no automatic resizing, nothing but the API. */
+/** Settings both servers share: no automatic resizing, nothing but the API. */
 function common(threads: number, apiKey: string): string[] {
   return [
     "--host",
@@ -42,8 +42,6 @@ function common(threads: number, apiKey: string): string[] {
     String(threads),
     "--api-key",
     apiKey,
-    "--cache-ram",
-    "0", // the extra host-memory prompt cache: vserve has none, and unique prompts never hit it
     "-fit",
     "off", // keep exactly the context asked for
     "--no-webui",
@@ -54,7 +52,8 @@ function common(threads: number, apiKey: string): string[] {
  * Arguments of the chat server: `slots` slots of `ctxPerSlot` tokens each (`-c` is the total, split
  * evenly, as vserve gives each of its sequences its own share) and the GGUF's own chat template
  * (`--jinja`). Batch sizes are llama-server's defaults (2,048 logical, 512 physical); vserve feeds
- * prompts in 512-token chunks too.
+ * prompts in 512-token chunks too. Its host-memory prompt cache stays at its default (`--cache-ram`
+ * 8,192 MiB), as vserve's.
  *
  * @example
  * ```ts
@@ -101,6 +100,9 @@ export function embeddingServerArgs(s: EmbeddingServerShape): string[] {
     // Without this a slot re-embeds only the tokens after the prefix it shares with its previous input
     // (the benchmark repeats its sentences): vserve embeds every token of every input.
     "--no-cache-prompt",
+    "--cache-ram",
+    "0", // no host-memory prompt cache either
+
     "-np",
     String(s.slots),
     "-c",

@@ -33,6 +33,8 @@ import {
 import denoJson from "../deno.json" with { type: "json" };
 import { affinityGain, type GatewayBench, gatewayOverhead } from "./gateway.ts";
 import { samplerCost } from "./sampler.ts";
+import { mixedLoad } from "./mixed.ts";
+import { agentConversations, promptBurst } from "./agents.ts";
 
 let opt: BenchOptions;
 try {
@@ -91,6 +93,8 @@ interface Side {
   /** Returns the number of prompt tokens the server counted, when it says. */
   embed?: (input: string | string[]) => Promise<number | undefined>;
   models?: () => Promise<void>;
+  /** CPU seconds its server processes have used so far (user + system), for the prompt scenarios. */
+  cpuSeconds?: () => Promise<number>;
 }
 
 /** A side reached through the OpenAI client: the same code for vserve and every baseline. */
@@ -187,18 +191,23 @@ try {
 
   const serverArgs = ["--models", registry, "--threads", String(threads), "--gpu", opt.gpu];
   log(`starting vserve (threads ${threads}, ${chatParallel} chat slots × ${chatCtx} tokens)`);
-  server = await startServer([...serverArgs, "--api-key", KEY], { waitReady: true, timeoutMs: 600_000 });
+  // (An hour per request: a loaded machine must slow the long prompt scenarios down, not fail them.)
+  server = await startServer([...serverArgs, "--api-key", KEY, "--request-timeout-ms", "3600000"], {
+    waitReady: true,
+    timeoutMs: 600_000,
+  });
   const vserve = server;
   cleanups.push(() => vserve.stop());
   const client = openai(server.url, KEY);
-  sides.push(
-    httpSide("http", {
+  sides.push({
+    ...httpSide("http", {
       chat: new Map(chatModels.map((m) => [m.id, { api: client, model: m.id }])),
       embed: client,
       embedModel: EMBED,
       models: client,
     }),
-  );
+    cpuSeconds: () => cpuSeconds([vserve.pid]),
+  });
 
   if (opt.inProcess) {
     log("loading the in-process engines");
@@ -260,14 +269,15 @@ try {
     const embed = await startLlamaServer(llamaServerBinary, embedArgs, `${opt.out}/llama-server-embed.log`);
     llamaServers.embed = embed;
     cleanups.push(() => embed.stop());
-    sides.push(
-      httpSide("baseline", {
+    sides.push({
+      ...httpSide("baseline", {
         chat: chatApis,
         embed: openai(embed.url, KEY),
         embedModel: EMBED,
         models: [...chatApis.values()][0].api,
       }),
-    );
+      cpuSeconds: () => cpuSeconds([...llamaServers.chat.map((c) => c.pid), embed.pid]),
+    });
   } else if (opt.baseline?.kind === "url") {
     const b = opt.baseline;
     if (b.chatModel) baselineChats.add(chatModels[0].id);
@@ -286,11 +296,14 @@ try {
   await warmUp();
   if (opt.scenarios.has("chat")) await chatSingle();
   if (opt.scenarios.has("concurrency")) await chatConcurrency();
+  if (opt.scenarios.has("burst")) await burst();
+  if (opt.scenarios.has("agents")) await agents();
   if (opt.scenarios.has("embeddings")) await embeddings();
   if (opt.scenarios.has("overhead")) await overhead();
   if (opt.scenarios.has("features")) await features();
   if (opt.scenarios.has("gateway")) await gateway();
   if (opt.scenarios.has("sampler")) await sampler();
+  if (opt.scenarios.has("mixed")) await mixed();
   await memory();
 
   const facts = {
@@ -443,6 +456,123 @@ async function chatConcurrency() {
         samples(results, (x) => x),
       );
     }
+  }
+}
+
+/** Whether `side` takes part in the prompt scenarios (the servers: the in-process column measures HTTP). */
+function promptSide(side: Side, id: string): boolean {
+  return side.key !== "inProcess" && servesChat(side, id);
+}
+
+/**
+ * Distinct long prompts sent at once: when each one's first token comes (first, median, last), and the
+ * prompt tokens processed per second until the last one.
+ */
+async function burst() {
+  const { prompts, words, replyTokens } = opt.burst;
+  for (const m of chatModels) {
+    const label = `chat prompt burst (${m.preset})`;
+    const results = await perRep(
+      (s) => promptSide(s, m.id),
+      (side, rep) =>
+        withCpu(
+          side,
+          () =>
+            promptBurst((body) => side.chat!(m.id, body)!, prompts, words, replyTokens, `${side.key}${rep}`),
+        ),
+      `${label}: ${prompts} prompts`,
+    );
+    const tokens = Math.round((results.get("http")?.[0]?.promptTokens ?? 0) / prompts);
+    const what = `${prompts} distinct ~${tokens}-token prompts at once`;
+    record(label, `${what}: first one's first token`, "ms", "lower", samples(results, (r) => r.firsts[0]));
+    record(
+      label,
+      `${what}: median first token`,
+      "ms",
+      "lower",
+      samples(results, (r) => percentile(r.firsts, 50)),
+    );
+    record(label, `${what}: last first token`, "ms", "lower", samples(results, (r) => r.firsts.at(-1)!));
+    record(
+      label,
+      `${what}: aggregate prompt processing (to the last first token)`,
+      "tok/s",
+      "higher",
+      samples(results, (r) => r.promptTokens / (r.firsts.at(-1)! / 1000)),
+    );
+    recordCpu(label, `${what}: CPU time of the server`, results);
+  }
+}
+
+/** Runs `run` and adds the CPU seconds `side`'s servers used meanwhile (NaN when unknown). */
+async function withCpu<T>(side: Side, run: () => Promise<T>): Promise<T & { cpu: number }> {
+  const before = await side.cpuSeconds?.() ?? NaN;
+  const result = await run();
+  return { ...result, cpu: (await side.cpuSeconds?.() ?? NaN) - before };
+}
+
+/** A row of server CPU seconds, when every side measured them. */
+function recordCpu(label: string, metric: string, results: Map<Side["key"], { cpu: number }[]>) {
+  const cpu = samples(results, (r) => r.cpu);
+  if (Object.values(cpu).flat().every(Number.isFinite)) record(label, metric, "s", "lower", cpu);
+}
+
+/** CPU seconds (user + system) the processes `pids` have used, from /proc (Linux; NaN elsewhere). */
+async function cpuSeconds(pids: number[]): Promise<number> {
+  let ticks = 0;
+  for (const pid of pids) {
+    const stat = await Deno.readTextFile(`/proc/${pid}/stat`).catch(() => "");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    ticks += Number(fields[11]) + Number(fields[12]); // utime, stime (fields 14, 15)
+  }
+  return ticks / 100; // USER_HZ
+}
+
+/**
+ * Agent conversations sharing a long system prompt, more of them than slots, several turns each: time to
+ * first token of first and later turns, the share of prompt tokens served from cache, the wall time.
+ */
+async function agents() {
+  const a = opt.agents;
+  for (const m of chatModels) {
+    const label =
+      `agents (${m.preset}): ${a.conversations} conversations × ${a.turns} turns, ${a.concurrency} at a time`;
+    const results = await perRep(
+      (s) => promptSide(s, m.id),
+      (side, rep) =>
+        withCpu(side, () => agentConversations((body) => side.chat!(m.id, body)!, a, `${side.key}${rep}`)),
+      label,
+    );
+    const first = results.get("http")?.[0]?.firstPromptTokens ?? 0;
+    const p50 = (v: number[]) => percentile([...v].sort((x, y) => x - y), 50);
+    record(label, `first-turn time to first token p50 (${first}-token first prompt)`, "ms", "lower", {
+      ...samples(results, (r) => p50(r.firstTurn)),
+    });
+    if (a.turns > 1) {
+      record(
+        label,
+        "later-turn time to first token p50",
+        "ms",
+        "lower",
+        samples(results, (r) => p50(r.laterTurns)),
+      );
+    }
+    record(
+      label,
+      "prompt tokens taken from the server's cache",
+      "%",
+      "higher",
+      samples(results, (r) => 100 * r.cachedTokens / r.promptTokens),
+    );
+    record(
+      label,
+      "prompt tokens computed",
+      "tokens",
+      "lower",
+      samples(results, (r) => r.promptTokens - r.cachedTokens),
+    );
+    record(label, "wall time", "s", "lower", samples(results, (r) => r.wallMs / 1000));
+    recordCpu(label, "CPU time of the server", results);
   }
 }
 
@@ -658,6 +788,25 @@ async function sampler() {
     quick ? 100 : 400,
     (metric, values) => record("sampler (in-process)", metric, "µs", "lower", { http: values }),
   );
+}
+
+/** A chat model and the embedding model loaded together: see bench/mixed.ts (vserve only). */
+async function mixed() {
+  const chat = chatModels[0];
+  await mixedLoad({
+    url: server!.url,
+    key: KEY,
+    chatId: chat.id,
+    embedId: EMBED,
+    clients: opt.mixedClients,
+    seconds: opt.mixedSeconds,
+    reps,
+    decodeTokens,
+    record: (metric, unit, better, values) =>
+      record(`mixed load (${chat.preset} + ${embedPreset})`, metric, unit, better, { http: values }),
+    log,
+  });
+  log("mixed done");
 }
 
 async function memory() {

@@ -7,9 +7,15 @@ export const USAGE = `deno task bench [options]
   --quick                      1 repetition, 32 decode tokens, fewer streams and sentences (< 2 min alone)
   --tiny                       the tiny presets: checks the harness, not the speed
   --reps N                     repetitions (default 3; --quick: 1)
-  --scenarios LIST             chat,concurrency,embeddings,overhead,features,gateway,sampler (default: all);
-                               gateway: vserve in front of vserve (overhead, gain of prefix affinity);
-                               sampler: the sampler's kernels against plain JavaScript, in-process
+  --scenarios LIST             chat,concurrency,burst,agents,embeddings,overhead,features,gateway,sampler,
+                               mixed (default: all); burst: distinct long prompts sent at once (first
+                               tokens, aggregate prompt processing); agents: conversations sharing a long
+                               system prompt, several turns each, more of them than slots; gateway: vserve
+                               in front of vserve (overhead, gain of prefix affinity); sampler: the
+                               sampler's kernels against plain JavaScript, in-process; mixed: chat streams
+                               and embedding clients, alone and together
+  --mixed-clients N            mixed: concurrent clients of each model (default 64; --quick: 16; --tiny: 4)
+  --mixed-seconds N            mixed: length of each window (default 30; --quick: 15; --tiny: 4)
   --chat-models LIST           dense,moe: bench-chat (Qwen3-0.6B shape) and bench-moe (Qwen3.6-35B-A3B's
                                per-token compute, 16 experts); with --tiny: tiny-chat, tiny-moe
                                (default: both)
@@ -21,6 +27,14 @@ export const USAGE = `deno task bench [options]
   --embed-slots N              llama-server's embedding slots (default 64: vserve's embedding engine
                                keeps up to 64 inputs in flight in one decode loop)
   --embed-backend llama|onnx   vserve's embedding engine (default llama)
+  --burst N                    prompts of the burst scenario (default 8)
+  --burst-words N              words per burst prompt (default 800, ~1,000 tokens; --quick: 200)
+  --agent-conversations N      conversations of the agent scenario (default 16; --quick: 8)
+  --agent-turns N              turns per conversation (default 3; --quick: 2)
+  --agent-concurrency N        conversations at a time (default 8; --quick: 4)
+  --agent-prefix N             words of the shared system prompt (default 1250, ~1,500 tokens;
+                               --quick: 500, enough for hybrid models to reuse it)
+  --agent-reply N              max_tokens of each reply (default 64; --quick: 16)
   --out DIR                    where latest.md / latest.json go (default bench/results)
   --in-process, --no-in-process
                                the in-process column (the engines called directly) (default: on, off
@@ -65,6 +79,20 @@ export interface BenchOptions {
   decodeTokens: number;
   promptWords: number;
   sentenceCount: number;
+  /** The mixed scenario: clients of each model, and seconds per window. */
+  mixedClients: number;
+  mixedSeconds: number;
+  /** The burst scenario: prompts sent at once and words per prompt. */
+  burst: { prompts: number; words: number; replyTokens: number };
+  /** The agent scenario's shape. */
+  agents: {
+    conversations: number;
+    turns: number;
+    concurrency: number;
+    prefixWords: number;
+    messageWords: number;
+    replyTokens: number;
+  };
   baseline?:
     | { kind: "llama-server"; binary?: string; cache?: string; cpu: string }
     | { kind: "url"; url: string; key: string; chatModel?: string; embeddingModel?: string };
@@ -73,7 +101,18 @@ export interface BenchOptions {
 /** A command line that cannot run; the message says why. */
 export class UsageError extends Error {}
 
-const SCENARIOS = ["chat", "concurrency", "embeddings", "overhead", "features", "gateway", "sampler"];
+const SCENARIOS = [
+  "chat",
+  "concurrency",
+  "burst",
+  "agents",
+  "embeddings",
+  "overhead",
+  "features",
+  "gateway",
+  "sampler",
+  "mixed",
+];
 
 /**
  * Parses the benchmark's flags (and the environment variables that stand in for some of them).
@@ -100,6 +139,15 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
         ctx: { type: "string" },
         "embed-slots": { type: "string" },
         "embed-backend": { type: "string", default: "llama" },
+        "mixed-clients": { type: "string" },
+        "mixed-seconds": { type: "string" },
+        burst: { type: "string" },
+        "burst-words": { type: "string" },
+        "agent-conversations": { type: "string" },
+        "agent-turns": { type: "string" },
+        "agent-concurrency": { type: "string" },
+        "agent-prefix": { type: "string" },
+        "agent-reply": { type: "string" },
         out: { type: "string", default: "bench/results" },
         "in-process": { type: "boolean" },
         "no-in-process": { type: "boolean" },
@@ -203,6 +251,21 @@ export function parseBenchArgs(args: string[], env: Record<string, string | unde
     decodeTokens: quick ? 32 : 128,
     promptWords: quick ? 120 : 400, // ~1.25 tokens per word: ~500 tokens in full mode
     sentenceCount: quick ? 16 : 64,
+    mixedClients: int("mixed-clients", values["mixed-clients"], 1) ?? (values.tiny ? 4 : quick ? 16 : 64),
+    mixedSeconds: int("mixed-seconds", values["mixed-seconds"], 1) ?? (values.tiny ? 4 : quick ? 15 : 30),
+    burst: {
+      prompts: int("burst", values.burst, 1) ?? 8,
+      words: int("burst-words", values["burst-words"], 1) ?? (quick ? 200 : 800),
+      replyTokens: quick ? 8 : 32,
+    },
+    agents: {
+      conversations: int("agent-conversations", values["agent-conversations"], 1) ?? (quick ? 8 : 16),
+      turns: int("agent-turns", values["agent-turns"], 1) ?? (quick ? 2 : 3),
+      concurrency: int("agent-concurrency", values["agent-concurrency"], 1) ?? (quick ? 4 : 8),
+      prefixWords: int("agent-prefix", values["agent-prefix"], 1) ?? (quick ? 500 : 1250),
+      messageWords: quick ? 20 : 40,
+      replyTokens: int("agent-reply", values["agent-reply"], 1) ?? (quick ? 16 : 64),
+    },
     baseline,
   };
 }

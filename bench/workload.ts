@@ -83,6 +83,10 @@ export interface StreamTiming {
   end: number;
   promptTokens: number;
   completionTokens: number;
+  /** Prompt tokens the server took from its cache (`usage.prompt_tokens_details.cached_tokens`). */
+  cachedTokens?: number;
+  /** The generated text (content deltas). */
+  text?: string;
 }
 
 /** Streams one chat completion through the official client; the first token is the first text delta. */
@@ -93,7 +97,8 @@ export async function httpStream(
 ): Promise<StreamTiming> {
   const start = performance.now();
   let first = NaN;
-  let usage = { prompt_tokens: 0, completion_tokens: 0 };
+  let text = "";
+  let usage: OpenAI.CompletionUsage = { prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
   const stream = await api.chat.completions.create({
     ...body,
     model,
@@ -103,6 +108,7 @@ export async function httpStream(
   for await (const chunk of stream) {
     const d = chunk.choices[0]?.delta as { content?: string; reasoning_content?: string } | undefined;
     if (Number.isNaN(first) && (d?.content || d?.reasoning_content)) first = performance.now();
+    if (d?.content) text += d.content;
     if (chunk.usage) usage = chunk.usage;
   }
   return {
@@ -111,6 +117,8 @@ export async function httpStream(
     end: performance.now(),
     promptTokens: usage.prompt_tokens,
     completionTokens: usage.completion_tokens,
+    cachedTokens: usage.prompt_tokens_details?.cached_tokens,
+    text,
   };
 }
 

@@ -29,6 +29,7 @@ export const ConfigSchema = z.object({
   flashAttn: z.enum(["auto", "on", "off"]).default("auto"),
   ctxSize: z.number().int().min(256).optional(),
   parallel: z.number().int().min(1).max(256).optional(),
+  cacheRam: z.number().int().min(0).max(16 * 1024 * 1024).optional(),
   maxQueue: z.number().int().min(0).default(64),
   requestTimeoutMs: z.number().int().min(1).default(600_000),
   drainTimeoutMs: z.number().int().min(0).default(30_000),
@@ -37,6 +38,10 @@ export const ConfigSchema = z.object({
   idleTimeoutMs: z.number().int().min(0).default(60_000),
   maxQueuedEmbeddingTokens: z.number().int().min(1).default(262_144),
   maxEmbeddingInputs: z.number().int().min(1).default(2048),
+  /** `MODEL=WEIGHT` pairs: the model's weight in the machine's compute share (registry `computeWeight`). */
+  computeWeights: z.array(
+    z.string().regex(/^[^=\s]+=(?:\d+(?:\.\d+)?|\.\d+)$/, "expected MODEL=WEIGHT, e.g. tiny-chat=2"),
+  ).default([]),
   corsOrigins: z.array(z.string()).default([]),
   tlsCert: z.string().optional(),
   tlsKey: z.string().optional(),
@@ -134,6 +139,13 @@ export const SETTINGS: readonly Setting[] = [
     kind: "int",
     help: "parallel sequences per model (overrides the registry)",
   },
+  {
+    key: "cacheRam",
+    flag: "cache-ram",
+    kind: "int",
+    help:
+      "host memory per chat model for saved prompt states, MiB (default 8192; 0 = off; overrides the registry)",
+  },
   { key: "maxQueue", flag: "max-queue", kind: "int", help: "requests that may wait per model before 429" },
   { key: "requestTimeoutMs", flag: "request-timeout-ms", kind: "int", help: "per-request time limit" },
   {
@@ -167,6 +179,12 @@ export const SETTINGS: readonly Setting[] = [
     flag: "max-embedding-inputs",
     kind: "int",
     help: "entries per embeddings request",
+  },
+  {
+    key: "computeWeights",
+    flag: "compute-weight",
+    kind: "list",
+    help: "MODEL=WEIGHT: the model's share of compute against the others (default 1 each); repeatable",
   },
   {
     key: "corsOrigins",

@@ -45,6 +45,21 @@ export async function resolveModelSpecs(config: Config): Promise<ModelSpec[]> {
     specs = parseRegistry(defaultRegistry, "models/models.json (built-in default)");
   }
   if (explicit) { for (const spec of specs) await checkLocalFile(spec); }
+  return applyComputeWeights(specs, config.computeWeights);
+}
+
+/** `--compute-weight MODEL=WEIGHT` over the registry's `computeWeight`; an unknown model is an error. */
+function applyComputeWeights(specs: ModelSpec[], pairs: readonly string[]): ModelSpec[] {
+  for (const pair of pairs) {
+    const at = pair.lastIndexOf("=");
+    const [name, weight] = [pair.slice(0, at), Number(pair.slice(at + 1))];
+    const spec = specs.find((s) => s.id === name || s.aliases.includes(name));
+    if (!spec) throw new Error(`--compute-weight ${pair}: no model '${name}' is configured`);
+    if (!(weight > 0 && weight <= 1000)) {
+      throw new Error(`--compute-weight ${pair}: the weight must be above 0 and at most 1000`);
+    }
+    spec.computeWeight = weight;
+  }
   return specs;
 }
 

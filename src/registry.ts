@@ -43,6 +43,8 @@ export const ModelSpecSchema = z.object({
   mainGpu: z.number().int().min(0).max(63).optional(),
   splitMode: z.enum(["none", "layer", "row"]).optional(),
   parallel: z.number().int().min(1).max(256).default(4),
+  /** Chat models: host memory for saved prompt states (the prompt cache), MiB; 0 = none. */
+  cacheRam: z.number().int().min(0).max(16 * 1024 * 1024).optional(),
   pooling: z.enum(["last", "mean", "cls"]).optional(),
   maxInputTokens: z.number().int().min(1).optional(),
   nativeDims: z.number().int().min(1).optional(),
@@ -68,6 +70,11 @@ export const ModelSpecSchema = z.object({
    * (recurrent and hybrid models); `off`: one sequence per decode.
    */
   batchSequences: z.enum(["auto", "off"]).default("auto"),
+  /**
+   * The model's weight in the machine's compute share: models busy at once get compute time in
+   * proportion to their weights (default 1: equal shares).
+   */
+  computeWeight: z.number().positive().max(1000).optional(),
 }).strict().superRefine((m, ctx) => {
   const remote = m.backend === "openai";
   if (m.cpuMoe && m.nCpuMoe !== undefined) {

@@ -82,6 +82,8 @@ export interface ServerDeps {
    * thinking signatures (default: ignore, a key made here).
    */
   responses?: ResponsesOptions;
+  /** Each local model's weight, share and compute seconds in the compute arbiter, for /health. */
+  computeUsage?: () => readonly { model: string; weight: number; share: number; seconds: number }[];
 }
 
 /** The request handler for `Deno.serve`, with the route table it serves. */
@@ -166,6 +168,18 @@ export function createServer(deps: ServerDeps): ServerHandler {
     };
   };
 
+  const computeOf = (model: string) => {
+    const u = deps.computeUsage?.().find((u) => u.model === model);
+    return u
+      ? {
+        compute: {
+          weight: u.weight,
+          share: Number(u.share.toFixed(4)),
+          seconds: Number(u.seconds.toFixed(3)),
+        },
+      }
+      : {};
+  };
   const healthBody = () => ({
     status: deps.lifecycle.draining ? "draining" : "ok",
     ready: deps.registry.ready && !deps.lifecycle.draining,
@@ -178,6 +192,7 @@ export function createServer(deps: ServerDeps): ServerHandler {
       ...(s.loadSeconds !== undefined ? { load_seconds: Number(s.loadSeconds.toFixed(2)) } : {}),
       in_flight: s.inFlight,
       ...s.details,
+      ...computeOf(s.spec.id),
       ...(s.engine?.upstreams
         ? {
           upstreams: s.engine.upstreams().map((u) => ({

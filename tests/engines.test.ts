@@ -29,12 +29,12 @@ async function nativeSetup(name: string) {
 }
 
 /** The built-in tiny-embed model (last-token pooling); `onePassTokens` 0: always two decodes. */
-async function tinyEmbed(onePassTokens: number) {
+async function tinyEmbed(onePassTokens: number, threads = 2) {
   const { lib, path: modelPath } = await nativeSetup("tiny-embed");
   return await LlamaEmbeddingEngine.load(lib, {
     modelPath,
     gpuLayers: 0,
-    threads: 2,
+    threads,
     maxInputTokens: 512,
     onePassTokens,
   });
@@ -138,6 +138,48 @@ async function onnxSetup() {
   return { engine, ids };
 }
 
+/**
+ * 64 clients each sending one input after another until `total` are done; returns the most
+ * requests that came after one of them and finished before it (how far a request was passed).
+ */
+async function mostOvertaken(embed: (ids: number[]) => Promise<unknown>, ids: number[][], total: number) {
+  let arrived = 0;
+  const finished: number[] = []; // arrival numbers, in order of finishing
+  let most = 0;
+  await Promise.all(Array.from({ length: 64 }, async (_, c) => {
+    while (arrived < total) {
+      const me = arrived++;
+      await embed(ids[(me + c) % ids.length]);
+      most = Math.max(most, finished.filter((a) => a > me).length);
+      finished.push(me);
+    }
+  }));
+  return most;
+}
+
+Deno.test({
+  name: "embeddings: 64 clients in a closed loop: no request is passed by more than 2 rounds of newer ones",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const engine = await tinyEmbed(0, 1);
+    try {
+      const ids = await Promise.all(
+        Array.from(
+          { length: 16 },
+          (_, i) => engine.tokenize(`request ${i} ` + "about rivers ".repeat(i % 5)),
+        ),
+      );
+      const most = await mostOvertaken((x) => engine.embed([x]), ids, 1000);
+      // Newcomers placed level with the least-served request kept passing one fed part-way (976 of 1,000
+      // here), and so did shortest-first feeding before (775).
+      assert.ok(most <= 128, `a request was passed by ${most} newer ones`);
+    } finally {
+      await engine.dispose();
+    }
+  },
+});
+
 Deno.test({
   name: "onnx embeddings: a request whose client left runs no further batch",
   sanitizeResources: false,
@@ -172,6 +214,64 @@ Deno.test({
       assert.equal(vectors.length, 64);
       const diff = small.reduce((m, v, d) => Math.max(m, Math.abs(v - vectors[0][d])), 0);
       assert.ok(diff < 1e-5, `the same input gives the same vector in another batch (${diff})`);
+    } finally {
+      await engine.dispose();
+    }
+  },
+});
+
+Deno.test({
+  name: "onnx embeddings: requests share runs by tokens: 64 short inputs pass 64 long ones after one run",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { engine } = await onnxSetup();
+    try {
+      const long = await engine.tokenize("the river runs past stones ".repeat(400)); // ~2,000 tokens
+      const short = await engine.tokenize("a word");
+      const longJob = engine.embed(Array.from({ length: 64 }, () => long));
+      // Joins while the first run of long inputs runs; by tokens, all its runs come before the next long one.
+      const [shortDone] = await Promise.all([
+        engine.embed(Array.from({ length: 64 }, () => short)).then(() => engine.counters().inputs_embedded),
+        longJob,
+      ]);
+      assert.ok(
+        shortDone <= 64 + 8,
+        `${shortDone - 64} long inputs were run before the short request's (round robin by inputs: 64)`,
+      );
+    } finally {
+      await engine.dispose();
+    }
+  },
+});
+
+Deno.test({
+  name: "onnx embeddings: a 16-input request keeps its share beside a stream of one-input requests",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { engine } = await onnxSetup();
+    try {
+      const short = await engine.tokenize("a few words about rivers");
+      const long = await engine.tokenize("a longer text about rivers and stones ".repeat(4));
+      let shortsDone = 0;
+      let bigDoneAfter = -1;
+      const big = engine.embed(Array.from({ length: 16 }, () => long)).then(
+        () => (bigDoneAfter = shortsDone),
+      );
+      // 16 clients (more than a run takes) send one short input after another: one always waits.
+      await Promise.all(Array.from({ length: 16 }, async () => {
+        while (bigDoneAfter < 0 && shortsDone < 6000) {
+          await engine.embed([short]);
+          shortsDone++;
+        }
+      }));
+      await big;
+      // Placed level with the least-served request, each newcomer went first: the big one waited for all.
+      assert.ok(
+        bigDoneAfter >= 0 && bigDoneAfter < 6000,
+        `the big request finished after ${bigDoneAfter} short ones`,
+      );
     } finally {
       await engine.dispose();
     }

@@ -71,9 +71,9 @@ async function reference(body: Record<string, unknown>) {
   return (await ask(cold, { ...body, cache_prompt: false })).choices[0].message.content as string;
 }
 
-async function counter(server: TestServer, name: string): Promise<number> {
+async function counter(server: TestServer, name: string, model = MODEL): Promise<number> {
   const text = await (await fetch(`${server.url}/metrics`)).text();
-  const line = text.split("\n").find((l) => l.startsWith(`vserve_engine_${name}_total{model="${MODEL}"}`));
+  const line = text.split("\n").find((l) => l.startsWith(`vserve_engine_${name}_total{model="${model}"}`));
   return Number(line?.split(" ").at(-1) ?? 0);
 }
 
@@ -98,6 +98,51 @@ serverTest(
     const again = await ask(single, b);
     assert.equal(again.choices[0].message.content, second.choices[0].message.content);
     assert.ok(again.usage.prompt_tokens_details.cached_tokens >= cached);
+  },
+);
+
+for (const model of [MODEL, DENSE]) {
+  serverTest(
+    `${model}: concurrent requests with a shared system prompt compute it once and match cold runs`,
+    async () => {
+      const system = { role: "system", content: `Context: ${words(700, 11)}` };
+      const bodies = ["river", "bells", "town", "stones"].map((topic) =>
+        request([system, { role: "user", content: `A question about the ${topic}?` }], { model })
+      );
+      const evaluated = await counter(live, "prompt_tokens_evaluated", model);
+      const copies = await counter(live, "prefix_copies", model);
+      const answers = await Promise.all(bodies.map((body) => ask(live, body)));
+      const cached = answers.map((a) => a.usage.prompt_tokens_details.cached_tokens);
+      assert.ok(cached.filter((c) => c > 600).length >= 3, `the others took the system turn (${cached})`);
+      assert.ok(await counter(live, "prefix_copies", model) - copies >= 3, "copied from another sequence");
+      const computed = await counter(live, "prompt_tokens_evaluated", model) - evaluated;
+      assert.ok(computed < 1.5 * answers[0].usage.prompt_tokens, `computed once (${computed} tokens in all)`);
+      for (const [i, body] of bodies.entries()) {
+        assert.equal(answers[i].choices[0].message.content, await reference(body), `request ${i}`);
+      }
+    },
+  );
+}
+
+serverTest(
+  "hybrid: a conversation whose sequence another took is restored from the prompt cache and matches cold runs",
+  async () => {
+    const system = { role: "system", content: `Context: ${words(700, 13)}` };
+    const first = request([system, { role: "user", content: "First question about the river?" }]);
+    const other = request([{ role: "user", content: `Elsewhere: ${words(600, 17)}` }]);
+    const next = request([system, { role: "user", content: "Second question, about the bells?" }]);
+    const hits = await counter(single, "prompt_cache_hits");
+    await ask(single, first);
+    await ask(single, other); // takes the only sequence: the first conversation is saved
+    const answer = await ask(single, next);
+    assert.ok(answer.usage.prompt_tokens_details.cached_tokens > 600, "the system turn came from the cache");
+    assert.equal(await counter(single, "prompt_cache_hits") - hits, 1);
+    const metrics = await (await fetch(`${single.url}/metrics`)).text();
+    const bytes = metrics.split("\n").find((l) =>
+      l.startsWith(`vserve_engine_prompt_cache_bytes{model="${MODEL}"}`)
+    );
+    assert.ok(Number(bytes?.split(" ").at(-1)) > 0, `the cache holds saved states (${bytes})`);
+    assert.equal(answer.choices[0].message.content, await reference(next));
   },
 );
 

@@ -18,10 +18,12 @@ import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
 import { openUpstreamEngine } from "../upstream/load.ts";
+import type { ComputeShare } from "./compute_share.ts";
 
 /**
  * Loads the engine for `spec`; server-wide settings (threads, gpu, ctx size, parallel) override
- * the registry entry when given on the command line, in the environment or config file.
+ * the registry entry when given on the command line, in the environment or config file. Local
+ * engines take their compute turns from `share` (by the spec's `computeWeight`) when given.
  */
 export async function loadEngine(
   spec: ModelSpec,
@@ -29,6 +31,7 @@ export async function loadEngine(
   log: Logger,
   report: (details: Record<string, unknown>) => void,
   plan?: ModelPlan,
+  share?: ComputeShare,
 ): Promise<ChatEngine | EmbeddingEngine> {
   if (spec.backend === "openai") return await openUpstreamEngine(spec, log, report, Deno.env.toObject());
   if (!spec.source) throw new Error("a model file (source) is required");
@@ -48,6 +51,7 @@ export async function loadEngine(
   const threads = engineThreads(spec.threads ?? config.threads);
   const gpuLayers = config.gpuLayers ?? spec.gpuLayers;
   const parallel = config.parallel ?? spec.parallel;
+  const compute = share?.client(spec.id, spec.computeWeight ?? 1);
   if (spec.backend === "onnx") {
     if (spec.kind !== "embedding") throw new Error("the onnx backend serves embedding models only");
     const tokenizer = !spec.tokenizer || spec.tokenizer === "builtin:qwen3"
@@ -60,6 +64,7 @@ export async function loadEngine(
       threads,
       gpu: config.gpu === "vulkan" ? "cpu" : config.gpu,
       maxBatch: 64,
+      compute,
       log,
     });
     report({ backend: "onnx", execution_provider: provider, threads, dims: engine.nativeDims });
@@ -108,6 +113,7 @@ export async function loadEngine(
       maxInputTokens: spec.maxInputTokens ?? 8192,
       pooling: spec.pooling,
       flashAttention: config.flashAttn,
+      compute,
     });
     report({ dims: engine.nativeDims, pooling: engine.pooling });
     return engine;
@@ -123,10 +129,13 @@ export async function loadEngine(
     toolFormat: spec.toolFormat,
     batchSequences: spec.batchSequences,
     flashAttention: config.flashAttn,
+    compute,
+    promptCacheMiB: config.cacheRam ?? spec.cacheRam,
     log,
   });
   report({
     context_size: engine.contextSize,
+    prompt_cache_mib: engine.promptCacheMiB,
     tool_format: engine.dialect.name,
     thinking_default: spec.thinking ?? engine.thinking.defaultOn,
     batched_decode: engine.batching,

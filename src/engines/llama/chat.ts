@@ -17,6 +17,7 @@ import type { Logger } from "../../log.ts";
 import type { LlamaLibrary } from "./ffi.ts";
 import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeModel } from "./native.ts";
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
+import { PromptCache } from "./prompt_cache.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
 import { JsonGrammar } from "./json_gbnf.ts";
@@ -28,6 +29,7 @@ import { OutputParser, type OutputPiece } from "./output_parser.ts";
 import { StopMatcher } from "./stop_strings.ts";
 import { EventQueue } from "./event_queue.ts";
 import { Slicer } from "../../event_loop.ts";
+import type { ComputeClient } from "../compute_share.ts";
 
 /** How to load a GGUF chat model. */
 export interface LlamaChatOptions {
@@ -47,8 +49,15 @@ export interface LlamaChatOptions {
   batchSequences?: "auto" | "off";
   /** llama.cpp's flash attention (default `auto`). */
   flashAttention?: FlashAttention;
+  /** The model's turn on the machine's compute (see compute_share.ts). */
+  compute?: ComputeClient;
+  /** Host memory for saved prompt states, MiB (default {@link DEFAULT_PROMPT_CACHE_MIB}; 0 = none). */
+  promptCacheMiB?: number;
   log: Logger;
 }
+
+/** The prompt cache's default size, MiB (llama-server's `--cache-ram` default). */
+export const DEFAULT_PROMPT_CACHE_MIB = 8192;
 
 /** Most tool calls one turn may hold (bounds the grammar's repetition). */
 const MAX_PARALLEL_CALLS = 8;
@@ -77,10 +86,13 @@ export class LlamaChatEngine implements ChatEngine {
    * check found a difference).
    */
   readonly batching: string;
+  /** Host memory the prompt cache may take, MiB (0: none). */
+  readonly promptCacheMiB: number;
   readonly #model: NativeModel;
   readonly #ctx: NativeContext;
   readonly #batch: Batch;
   readonly #scheduler: Scheduler;
+  readonly #promptCache: PromptCache;
   readonly #template: ChatTemplate;
   /** Bytes of the vocabulary's longest token (for a lower bound of a text's tokens). */
   readonly #longestToken: number;
@@ -108,11 +120,14 @@ export class LlamaChatEngine implements ChatEngine {
     this.#longestToken = longestToken;
     this.#log = opts.log;
     this.batching = batching;
+    this.promptCacheMiB = opts.promptCacheMiB ?? DEFAULT_PROMPT_CACHE_MIB;
+    this.#promptCache = new PromptCache(this.promptCacheMiB * 1024 * 1024, model.recurrent);
     this.#scheduler = new Scheduler(model, ctx, batch, {
       chunk: CHUNK,
       maxCheckpoints: 4,
       checkpointSpacing: 256,
       oneSequencePerDecode: batching === "per sequence",
+      promptCache: this.#promptCache,
     });
     this.contextSize = ctx.nCtxSeq;
     this.maxChoices = ctx.nSeqMax;
@@ -155,6 +170,7 @@ export class LlamaChatEngine implements ChatEngine {
         flashAttention: opts.flashAttention,
         embeddings: false,
         kvUnified: false,
+        compute: opts.compute,
       });
       const batch = new Batch(lib, CHUNK + parallel);
       // One sequence has nothing to batch with.
@@ -185,9 +201,21 @@ export class LlamaChatEngine implements ChatEngine {
 
   counters(): Record<string, number> {
     const s = this.#scheduler.stats;
+    const c = this.#promptCache.stats;
     return {
       prompt_tokens_evaluated: s.promptTokensEvaluated,
       prompt_tokens_reused: s.promptTokensReused,
+      prompt_tokens_copied: s.promptTokensCopied,
+      prefix_copies: s.prefixCopies,
+      prefix_waits: s.prefixWaits,
+      prompt_cache_hits: c.hits,
+      prompt_cache_tokens_restored: c.tokensRestored,
+      prompt_cache_saves: c.saves,
+      prompt_cache_evictions: c.evictions,
+      prompt_cache_seconds: s.promptCacheMs / 1000,
+      // (gauges: read as they are)
+      prompt_cache_bytes: c.bytes,
+      prompt_cache_entries: c.entries,
       tokens_generated: s.tokensGenerated,
       decodes: s.decodes,
       batched_tokens: s.batchedTokens,

@@ -1,13 +1,22 @@
 /**
  * GGUF embedding models: inputs from all requests share decodes as separate sequences of one
  * context. For last-token pooling (Qwen3-Embedding) only each input's last token has an output,
- * so the output buffer holds one row per input, not one per token, which bounds memory. Mean and CLS pooling accumulate per-token states chunk by chunk.
+ * so the output buffer holds one row per input, not one per token, which bounds memory. Mean and
+ * CLS pooling accumulate per-token states chunk by chunk.
+ *
+ * Requests share the engine by tokens (fair queueing): sequences and each step's tokens go, a
+ * quantum at a time, to the request that has been fed the fewest tokens, counted from the
+ * engine's virtual time when it came (the tokens each busy request would have had from an equal
+ * share). So a one-word request gets a sequence and its tokens in the next step even while
+ * max-size inputs hold the engine, long inputs advance in bounded chunks beside it, and a request
+ * part-way through is never passed for good by a stream of newer ones.
  */
 import type { EmbeddingEngine } from "../types.ts";
 import type { LlamaLibrary } from "./ffi.ts";
 import { nativeView } from "./ffi.ts";
 import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeModel } from "./native.ts";
 import { Markup } from "../markup.ts";
+import type { ComputeClient } from "../compute_share.ts";
 
 /** How to load a GGUF embedding model. */
 export interface LlamaEmbeddingOptions {
@@ -28,6 +37,8 @@ export interface LlamaEmbeddingOptions {
   onePassTokens?: number;
   /** llama.cpp's flash attention (default `auto`). */
   flashAttention?: FlashAttention;
+  /** The model's turn on the machine's compute (see compute_share.ts). */
+  compute?: ComputeClient;
 }
 
 /** Counters for metrics and tests. */
@@ -39,23 +50,47 @@ export interface EmbeddingStats {
   inputsQueued: number;
 }
 
+/** One request: its inputs share the engine with other requests' by tokens. */
+interface Job {
+  /** Tokens fed for it, counted from the engine's virtual time when it came. */
+  served: number;
+  /** Arrival order (ties go to the earlier request). */
+  order: number;
+  /** Inputs not yet in a sequence, in order. */
+  queued: Input[];
+  /** Inputs in sequences. */
+  inFlight: number;
+  signal?: AbortSignal;
+}
+
 interface Input {
   ids: readonly number[];
   /** Tokens fed so far. */
   fed: number;
   seq: number;
-  /** The request it belongs to: sequences are shared fairly between requests. */
-  job: object;
+  job: Job;
+  /** Admitted past a larger input waiting for KV cells: counts against what that one leaves free. */
+  bypass: boolean;
   sum?: Float64Array;
-  signal?: AbortSignal;
   resolve: (v: Float32Array) => void;
   reject: (e: unknown) => void;
 }
 
 /** Sequences one request may not take: they stay free for the next request. */
 const RESERVED_SEQS = 4;
-/** Body tokens per step while several requests share the engine: shorter steps, sooner turns. */
+/**
+ * Tokens per step while several requests (or another model) share the machine: shorter steps,
+ * sooner turns. A step is shared between requests by tokens (see {@link allocate}).
+ */
 const SHARED_STEP_TOKENS = 128;
+/**
+ * Tokens a request gets at a time while a step's tokens are dealt out: enough to finish a
+ * sentence-sized input in one go (requests of equal size then finish one after another, as first
+ * come first served, instead of all together at the end).
+ */
+const QUANTUM = 64;
+/** Most tokens a request may be owed: one that could not run for a while does not then take over. */
+const MAX_CREDIT = 128;
 /**
  * A step of at most this many times (other parameters / vocabulary projection) tokens runs as one
  * decode with embedding output on, which projects every token onto the vocabulary; a longer one runs
@@ -80,7 +115,11 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly #markup: Markup;
   /** Steps of at most this many tokens, all finishing their inputs, take one decode. */
   readonly #onePassTokens: number;
-  readonly #queue: Input[] = [];
+  /** Requests with inputs queued or in flight, in arrival order. */
+  #jobs: Job[] = [];
+  #jobCount = 0;
+  /** Tokens an equal share has given each busy request so far (grows by a step's tokens / requests). */
+  #vclock = 0;
   readonly #active: Input[] = [];
   readonly #freeSeqs: number[];
   #kvUsed = 0;
@@ -142,6 +181,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         embeddings: false,
         pooling: "none",
         kvUnified: true,
+        compute: opts.compute,
       });
       const markup = new Markup((await model.scanVocabulary()).markup);
       return new LlamaEmbeddingEngine(
@@ -185,13 +225,25 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     signal?.throwIfAborted();
     const tooLong = sequences.find((s) => s.length > this.#ctx.nCtx - RESERVE + 1);
     if (tooLong) return Promise.reject(new Error(`an input of ${tooLong.length} tokens exceeds the context`));
-    const job = {};
+    if (sequences.length === 0) return Promise.resolve([]);
+    // A newcomer starts at the virtual time: ahead of requests that have had more than an equal
+    // share, behind those that have had less.
+    const job: Job = {
+      served: this.#vclock,
+      order: this.#jobCount++,
+      queued: [],
+      inFlight: 0,
+      signal,
+    };
     const results = sequences.map((ids) =>
       new Promise<Float32Array>((resolve, reject) =>
-        this.#queue.push({ ids, fed: 0, seq: -1, job, signal, resolve, reject })
+        job.queued.push({ ids, fed: 0, seq: -1, job, bypass: false, resolve, reject })
       )
     );
-    this.stats.inputsQueued = this.#queue.length;
+    // Shortest first: they free their sequences soonest.
+    job.queued.sort((a, b) => a.ids.length - b.ids.length);
+    this.#jobs.push(job);
+    this.stats.inputsQueued += sequences.length;
     if (!this.#running) void this.#loop();
     return Promise.all(results);
   }
@@ -200,7 +252,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     this.#running = true;
     // The flag is cleared in the same turn as the last check: an input queued after it starts a new loop.
     try {
-      while (this.#queue.length > 0 || this.#active.length > 0) {
+      while (this.#jobs.length > 0) {
         this.#dropCancelled();
         this.#admit();
         if (this.#active.length === 0) continue;
@@ -217,82 +269,119 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     }
   }
 
+  /** Rejects the inputs of requests whose client left, queued or in flight. */
   #dropCancelled() {
-    for (const input of [...this.#queue]) {
-      if (input.signal?.aborted) {
-        this.#queue.splice(this.#queue.indexOf(input), 1);
-        input.reject(input.signal.reason);
-      }
+    for (const job of this.#jobs) {
+      if (!job.signal?.aborted) continue;
+      for (const input of job.queued) input.reject(job.signal.reason);
+      this.stats.inputsQueued -= job.queued.length;
+      job.queued = [];
     }
     for (const input of [...this.#active]) {
-      if (input.signal?.aborted) this.#done(input, undefined, input.signal.reason);
+      if (input.job.signal?.aborted) this.#done(input, undefined, input.job.signal.reason);
     }
-    this.stats.inputsQueued = this.#queue.length;
+    this.#jobs = this.#jobs.filter((j) => j.queued.length > 0 || j.inFlight > 0);
   }
 
   /**
-   * Moves queued inputs into free sequences while their tokens fit in the KV cache, taking each
-   * time from the request with the fewest inputs in flight: a one-input request queued behind a
-   * thousand-input one gets the next free sequence.
+   * Moves queued inputs into free sequences, each time from the request first in line (#owed),
+   * while their tokens fit in the KV cache; 4 sequences stay free of any one request for the
+   * next one. An input that does not fit yet does not hold up the others: smaller ones go past it,
+   * but only into the cells it will leave free once the inputs before it finish, so it waits for
+   * those alone, never for a stream of small ones.
    */
   #admit() {
-    const perJob = new Map<object, number>();
-    for (const a of this.#active) perJob.set(a.job, (perJob.get(a.job) ?? 0) + 1);
-    while (this.#queue.length > 0 && this.#freeSeqs.length > 0) {
-      let at = 0;
-      let fewest = Infinity;
-      for (let i = 0; i < this.#queue.length && fewest > 0; i++) {
-        const n = perJob.get(this.#queue[i].job) ?? 0;
-        if (n < fewest) [at, fewest] = [i, n];
+    const nCtx = this.#ctx.nCtx;
+    const skipped = new Set<Job>();
+    let blocked: Input | undefined;
+    let bypassKv = this.#active.reduce((n, i) => n + (i.bypass ? i.ids.length : 0), 0);
+    while (this.#freeSeqs.length > 0) {
+      let job: Job | undefined;
+      for (const j of this.#jobs) {
+        if (j.queued.length === 0 || skipped.has(j)) continue;
+        const [a, b] = [this.#owed(j), job && this.#owed(job)];
+        if (!job || a < b! || (a === b && j.order < job.order)) job = j;
       }
-      const next = this.#queue[at];
-      // Sequences kept free for other requests, so a newcomer joins the very next step.
-      if (fewest >= this.#ctx.nSeqMax - RESERVED_SEQS) return;
-      if (this.#kvUsed + next.ids.length > this.#ctx.nCtx && this.#active.length > 0) return;
-      this.#queue.splice(at, 1);
-      perJob.set(next.job, fewest + 1);
+      if (!job) break;
+      const next = job.queued[0];
+      const len = next.ids.length;
+      const fits = this.#active.length === 0 || this.#kvUsed + len <= nCtx;
+      if (job.inFlight >= this.#ctx.nSeqMax - RESERVED_SEQS || !fits) {
+        if (!fits) blocked ??= next;
+        skipped.add(job);
+        continue;
+      }
+      if (blocked) {
+        if (bypassKv + len > nCtx - blocked.ids.length) {
+          skipped.add(job);
+          continue;
+        }
+        next.bypass = true;
+        bypassKv += len;
+      }
+      job.queued.shift();
+      job.inFlight++;
       next.seq = this.#freeSeqs.pop()!;
-      this.#kvUsed += next.ids.length;
+      this.#kvUsed += len;
       this.#active.push(next);
+      this.stats.inputsQueued--;
     }
-    this.stats.inputsQueued = this.#queue.length;
     this.stats.inputsInFlight = this.#active.length;
   }
 
+  /** A request's place in line: its tokens fed, but never more than {@link MAX_CREDIT} behind. */
+  #owed(job: Job): number {
+    return Math.max(job.served, this.#vclock - MAX_CREDIT);
+  }
+
+  /** Charges a step's tokens to their requests and moves the virtual time on by an equal share. */
+  #charge(tokens: Map<Job, number>) {
+    let total = 0;
+    for (const [job, n] of tokens) {
+      job.served = this.#owed(job) + n;
+      total += n;
+    }
+    if (this.#jobs.length > 0) this.#vclock += total / this.#jobs.length;
+  }
+
+  /** Step tokens while other requests or models wait: short steps, sooner turns. */
+  #stepLimit(): number {
+    const shared = this.#jobs.length > 1 || (this.#ctx.compute?.contended() ?? false);
+    return shared ? Math.min(this.#batch.capacity, SHARED_STEP_TOKENS) : this.#batch.capacity;
+  }
+
   /**
-   * Body tokens without outputs (shortest inputs first), then the last tokens of finished bodies
-   * with embeddings on. Two decodes, not one: with embeddings on llama.cpp sizes its buffers for
-   * a batch of outputs (measured: +890 MiB, kept, for an 8192-token input in one pass).
+   * Body tokens without outputs, dealt out between requests by tokens, then the last tokens of
+   * finished bodies with embeddings on (fewest-served requests first). Two decodes, not one: with
+   * embeddings on llama.cpp sizes its buffers for a batch of outputs (measured: +890 MiB, kept, for
+   * an 8192-token input in one pass).
    */
   async #stepLast() {
     if (await this.#onePass()) return;
     const batch = this.#batch;
+    const limit = this.#stepLimit();
+    const plan = allocate(this.#active, limit, (i) => i.ids.length - 1 - i.fed, (j) => this.#owed(j));
     batch.clear();
-    const byRemaining = [...this.#active].sort((a, b) => (a.ids.length - a.fed) - (b.ids.length - b.fed));
-    // While several requests share the engine, short steps let a newcomer's turn come sooner.
-    const shared = new Set([...this.#active, ...this.#queue].map((i) => i.job)).size > 1;
-    const limit = shared ? Math.min(batch.capacity, SHARED_STEP_TOKENS) : batch.capacity;
-    const fedNow = new Map<Input, number>();
-    for (const input of byRemaining) {
-      const room = limit - batch.size;
-      if (room <= 0) break;
-      const end = Math.min(input.ids.length - 1, input.fed + room);
-      for (let i = input.fed; i < end; i++) batch.add(input.ids[i], i, input.seq, false);
-      if (end > input.fed) fedNow.set(input, end);
+    for (const [input, n] of plan) {
+      for (let i = input.fed; i < input.fed + n; i++) batch.add(input.ids[i], i, input.seq, false);
     }
     if (batch.size > 0) {
       this.#ctx.setEmbeddings(false);
       await this.#decode();
-      for (const [input, end] of fedNow) input.fed = end;
+      for (const [input, n] of plan) input.fed += n;
+      this.#charge(perJob(plan));
       // A request gone during that decode gets no output decode: nothing starts for it after its client left.
       this.#dropCancelled();
     }
-    const ready = this.#active.filter((i) => i.fed === i.ids.length - 1).slice(0, limit);
+    const ready = this.#active.filter((i) => i.fed === i.ids.length - 1)
+      .sort((a, b) => this.#owed(a.job) - this.#owed(b.job) || a.job.order - b.job.order)
+      .slice(0, limit);
     if (ready.length === 0) return;
     batch.clear();
     const outs = ready.map((input) => batch.add(input.ids[input.fed], input.fed, input.seq, true));
     this.#ctx.setEmbeddings(true);
     await this.#decode();
+    this.#charge(perJob(new Map(ready.map((input) => [input, 1]))));
     ready.forEach((input, k) => {
       input.fed++;
       this.#done(input, this.#row(outs[k]).slice());
@@ -318,6 +407,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     });
     this.#ctx.setEmbeddings(true);
     await this.#decode();
+    this.#charge(perJob(new Map(this.#active.map((input) => [input, input.ids.length - input.fed]))));
     for (const { input, out } of outs) {
       input.fed = input.ids.length;
       this.#done(input, this.#row(out).slice());
@@ -325,21 +415,20 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     return true;
   }
 
-  /** Every token with its state (mean or CLS pooling), chunk by chunk. */
+  /** Every token with its state (mean or CLS pooling), chunk by chunk, dealt out by tokens. */
   async #stepAll() {
     const batch = this.#batch;
     batch.clear();
+    const plan = allocate(this.#active, this.#stepLimit(), (i) => i.ids.length - i.fed, (j) => this.#owed(j));
     const taken: { input: Input; from: number; to: number; at: number }[] = [];
-    const byRemaining = [...this.#active].sort((a, b) => (a.ids.length - a.fed) - (b.ids.length - b.fed));
-    for (const input of byRemaining) {
-      const to = Math.min(input.ids.length, input.fed + batch.room);
-      if (to <= input.fed) break;
+    for (const [input, n] of plan) {
       const at = batch.size;
-      for (let i = input.fed; i < to; i++) batch.add(input.ids[i], i, input.seq, true);
-      taken.push({ input, from: input.fed, to, at });
+      for (let i = input.fed; i < input.fed + n; i++) batch.add(input.ids[i], i, input.seq, true);
+      taken.push({ input, from: input.fed, to: input.fed + n, at });
     }
     this.#ctx.setEmbeddings(true);
     await this.#decode();
+    this.#charge(perJob(plan));
     for (const t of taken) {
       const input = t.input;
       input.sum ??= new Float64Array(this.nativeDims);
@@ -374,6 +463,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     this.#ctx.removeTokens(input.seq, -1, -1);
     this.#freeSeqs.push(input.seq);
     this.#kvUsed -= input.ids.length;
+    input.job.inFlight--;
     this.stats.inputsInFlight = this.#active.length;
     if (vector) {
       this.stats.inputsDone++;
@@ -387,4 +477,52 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     this.#ctx.free();
     this.#model.free();
   }
+}
+
+/**
+ * Deals `limit` tokens out between the requests of `active` inputs: each time a quantum to the
+ * request first in line (`owed`, counting this step's tokens), within it to its input with the
+ * least work left (`remaining`). Returns the tokens per input, in sequence order.
+ */
+function allocate(
+  active: readonly Input[],
+  limit: number,
+  remaining: (i: Input) => number,
+  owed: (j: Job) => number,
+): Map<Input, number> {
+  const plan = new Map<Input, number>();
+  const extra = new Map<Job, number>();
+  const open = new Map<Job, Input[]>();
+  for (const input of active) {
+    if (remaining(input) <= 0) continue;
+    const list = open.get(input.job) ?? [];
+    list.push(input);
+    open.set(input.job, list);
+  }
+  for (const list of open.values()) list.sort((a, b) => remaining(a) - remaining(b));
+  let room = limit;
+  while (room > 0 && open.size > 0) {
+    let job: Job | undefined;
+    let least = Infinity;
+    for (const j of open.keys()) {
+      const s = owed(j) + (extra.get(j) ?? 0);
+      if (s < least || (s === least && j.order < job!.order)) [job, least] = [j, s];
+    }
+    const list = open.get(job!)!;
+    const input = list[0];
+    const take = Math.min(QUANTUM, room, remaining(input) - (plan.get(input) ?? 0));
+    plan.set(input, (plan.get(input) ?? 0) + take);
+    extra.set(job!, (extra.get(job!) ?? 0) + take);
+    room -= take;
+    if (plan.get(input) === remaining(input)) list.shift();
+    if (list.length === 0) open.delete(job!);
+  }
+  return new Map([...plan].sort(([a], [b]) => a.seq - b.seq));
+}
+
+/** The tokens of a step's plan per request. */
+function perJob(plan: Map<Input, number>): Map<Job, number> {
+  const out = new Map<Job, number>();
+  for (const [input, n] of plan) out.set(input.job, (out.get(input.job) ?? 0) + n);
+  return out;
 }

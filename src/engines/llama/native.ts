@@ -35,6 +35,7 @@ export interface ModelPlacement {
    */
   noAlloc?: boolean;
 }
+import type { ComputeClient } from "../compute_share.ts";
 
 /** Token attribute bits (`llama_token_attr`). */
 const ATTR_UNKNOWN = 1 << 0;
@@ -326,6 +327,8 @@ export interface ContextOptions {
   kvUnified: boolean;
   /** llama.cpp's flash attention: `auto` (its default: on where the backend has it), `on` or `off`. */
   flashAttention?: FlashAttention;
+  /** The model's turn on the machine's compute (see compute_share.ts); absent: first come, first served. */
+  compute?: ComputeClient;
 }
 
 /** The `flash_attn_type` values of llama.cpp's context parameters. */
@@ -349,6 +352,7 @@ export class NativeContext {
     readonly lib: LlamaLibrary,
     readonly model: NativeModel,
     readonly ptr: Deno.PointerObject,
+    readonly compute?: ComputeClient,
   ) {
     const s = lib.symbols;
     this.nCtx = s.llama_n_ctx(ptr);
@@ -392,18 +396,24 @@ export class NativeContext {
           "(not enough memory? the log above says why)",
       );
     }
-    return new NativeContext(lib, model, ptr);
+    return new NativeContext(lib, model, ptr, opts.compute);
   }
 
   /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */
   idle(): void {
+    this.compute?.idle();
     this.lib.idle();
+  }
+
+  /** Native compute in this model's turn (one call at a time in the process). */
+  #computeStep<T>(work: () => Promise<T>): Promise<T> {
+    return this.compute ? this.compute.run(() => serialized(work)) : serialized(work);
   }
 
   /** Runs the model on `batch` (off the JS thread); throws with llama.cpp's reason on failure. */
   async decode(batch: Batch): Promise<void> {
     if (batch.size === 0) return;
-    const r = await serialized(() => this.lib.symbols.llama_decode(this.ptr, batch.struct()));
+    const r = await this.#computeStep(() => this.lib.symbols.llama_decode(this.ptr, batch.struct()));
     if (r === 0) return;
     throw new Error(
       r === 1
@@ -454,7 +464,11 @@ export class NativeContext {
     return this.lib.symbols.llama_memory_seq_rm(this.mem, seq, p0, p1);
   }
 
-  /** Copies all of `src` into `dst` (which must be empty). */
+  /**
+   * Copies all of `src` into `dst` (which must be empty). With a KV stream per sequence llama.cpp
+   * copies the whole stream buffer, at the start of the next decode; a recurrent state is shared
+   * until either sequence moves on.
+   */
   copySequence(src: number, dst: number): void {
     this.lib.symbols.llama_memory_seq_cp(this.mem, src, dst, -1, -1);
   }
@@ -467,6 +481,11 @@ export class NativeContext {
   /** Empties every sequence. */
   clear(): void {
     this.lib.symbols.llama_memory_clear(this.mem, false);
+  }
+
+  /** Bytes of a snapshot of `seq`'s state ({@link saveState}). */
+  stateSize(seq: number, flags: number): number {
+    return Number(this.lib.symbols.llama_state_seq_get_size_ext(this.ptr, seq, flags));
   }
 
   /** A snapshot of `seq`'s state (`flags`: 1 = only what cannot be rolled back). */
@@ -483,7 +502,7 @@ export class NativeContext {
   /** Restores a snapshot from {@link saveState} into `seq`. */
   async restoreState(seq: number, data: Uint8Array, flags: number): Promise<void> {
     const n = Number(
-      await serialized(() =>
+      await this.#computeStep(() =>
         this.lib.symbols.llama_state_seq_set_data_ext(
           this.ptr,
           data as Uint8Array<ArrayBuffer>,

@@ -1,15 +1,30 @@
 /**
  * The generation loop: every step decodes the next token of every generating sequence in one
  * batch, then the next prompt chunks of new requests (chunks of one length on neighbouring
- * sequences in one batch), and samples each sequence from its logits. Sequences keep what they
- * processed, so a later prompt with the same prefix starts after it; for recurrent (hybrid) models,
- * whose state cannot be cut back, prefixes are resumed from state checkpoints taken at turn
- * boundaries.
+ * sequences in one batch), and samples each sequence from its logits.
+ *
+ * A prompt starts from the longest prefix of it that is already computed somewhere: in its own
+ * sequence, in another sequence (busy or idle: copied), in the host-memory prompt cache (restored),
+ * or in the prompt of a request still being prefilled (it waits until that prefix is computed, then
+ * copies it: requests that arrive together with the same prefix compute it once). For recurrent
+ * (hybrid) models, whose state cannot be cut back, prefixes are resumed from state checkpoints taken
+ * at turn boundaries, or taken at a sequence's end.
  */
 import type { Batch, NativeContext, NativeModel } from "./native.ts";
 import { STATE_PARTIAL_ONLY } from "./ffi.ts";
 import type { TokenLogprob, TokenSampler } from "./sampler.ts";
 import type { GrammarConstraint } from "./grammar.ts";
+import {
+  type Checkpoint,
+  commonPrefix,
+  holdsAll,
+  type PrefixHolder,
+  type PromptCache,
+  type SavedPrompt,
+  usablePrefix,
+} from "./prompt_cache.ts";
+
+export { commonPrefix };
 
 /** How one choice of a job samples. */
 export interface ChoiceSpec {
@@ -30,7 +45,7 @@ export interface GenerationJob {
   logprobs?: number;
   /** Prompt positions where a state checkpoint pays off (recurrent models), e.g. turn starts. */
   checkpoints?: readonly number[];
-  /** False: start from an empty sequence instead of reusing a cached prefix. */
+  /** False: start from an empty sequence instead of reusing a computed prefix. */
   reusePrefix?: boolean;
   /**
    * Called with the logits after each prompt token but the last (position i predicts token i+1),
@@ -51,8 +66,14 @@ export interface GenerationJob {
 export interface SchedulerStats {
   /** Prompt tokens run through the model (cached ones excluded). */
   promptTokensEvaluated: number;
-  /** Prompt tokens taken from earlier state instead. */
+  /** Prompt tokens taken from earlier state instead (own sequence, copies, the prompt cache). */
   promptTokensReused: number;
+  /** Of those, tokens copied from another sequence. */
+  promptTokensCopied: number;
+  /** Prompts that started from a copy of another sequence's prefix. */
+  prefixCopies: number;
+  /** Prompts that waited for another prompt to compute their shared prefix, then copied it. */
+  prefixWaits: number;
   tokensGenerated: number;
   decodes: number;
   /** Tokens per decode, summed (with `decodes`: the mean batch size). */
@@ -67,18 +88,14 @@ export interface SchedulerStats {
   sampleMs: number;
   /** Milliseconds in steps altogether (decode + sampling + batch building). */
   stepMs: number;
+  /** Milliseconds saving and restoring sequence states for the prompt cache. */
+  promptCacheMs: number;
 }
 
-interface Checkpoint {
-  /** Tokens the state covers. */
-  pos: number;
-  data: Uint8Array;
-}
-
-interface Slot {
+interface Slot extends PrefixHolder {
   seq: number;
   /** Tokens in this sequence's memory, in order. */
-  cached: number[];
+  tokens: number[];
   checkpoints: Checkpoint[];
   busy: boolean;
   lastUsed: number;
@@ -102,8 +119,19 @@ interface Running {
   cached: number;
   /** Prompt positions where a chunk must end (a checkpoint may be taken there). */
   boundaries: number[];
-  /** When its last prompt chunk ran (-1: none yet): chunks go round-robin between prompts. */
+  /** When its last prompt chunk ran (-1: none yet). */
   lastChunk: number;
+  /** Admission order (ties of {@link key}). */
+  order: number;
+  /** Prompt tokens evaluated (all prompts) when it was admitted. */
+  arrival: number;
+  /**
+   * Prompt order: `arrival` + the prompt tokens it had to compute at admission, i.e. when it would
+   * finish if it ran alone from its arrival. The smallest goes first.
+   */
+  key: number;
+  /** Waiting for `leader`'s prefill to reach `target` prompt tokens, to copy them. */
+  follows?: { leader: Running; target: number };
   checkpointAt: Set<number>;
   choices: ChoiceState[];
   resolve: () => void;
@@ -118,7 +146,17 @@ interface PromptChunk {
   to: number;
 }
 
-/** Fewest prompt tokens worth reusing a slot that holds another prompt. */
+/** Where a prompt's prefix can come from right now. */
+type Source =
+  | { kind: "slot"; slot: Slot; tokens: number }
+  | { kind: "cache"; entry: SavedPrompt; tokens: number };
+
+/**
+ * Fewest prompt tokens worth reusing a slot that holds another prompt, worth a copy or a restore
+ * over what a sequence holds itself, worth waiting for, and worth saving into the prompt cache. On
+ * bench-chat (Qwen3-0.6B shape, CPU) a copy of a sequence's whole KV stream (470 MB) costs about the
+ * prefill of 20–60 tokens.
+ */
 const MIN_REUSE = 64;
 
 /** Settings of the loop. */
@@ -131,6 +169,8 @@ export interface SchedulerOptions {
   checkpointSpacing: number;
   /** Decode each sequence's next token on its own (for backends that batch sequences wrongly). */
   oneSequencePerDecode?: boolean;
+  /** Saved sequence states in host memory (absent or disabled: none). */
+  promptCache?: PromptCache;
 }
 
 /**
@@ -147,17 +187,29 @@ export class Scheduler {
   readonly #ctx: NativeContext;
   readonly #batch: Batch;
   readonly #opts: SchedulerOptions;
+  readonly #cache: PromptCache | undefined;
   readonly #slots: Slot[];
   readonly #waiting: Running[] = [];
   readonly #running: Running[] = [];
+  /**
+   * Sequences copied from and to since the last decode: llama.cpp copies a KV stream at the start of
+   * the next decode, so until then a copy's source must not be overwritten by a restore, nor its
+   * destination saved or restored into.
+   */
+  readonly #copiedFrom = new Set<number>();
+  readonly #copiedTo = new Set<number>();
   #looping = false;
   #wake: (() => void) | undefined;
   #clock = 0;
+  #admitted = 0;
   /** Counts prompt chunks: the order in which prompts were last served. */
   #chunkClock = 0;
   readonly stats: SchedulerStats = {
     promptTokensEvaluated: 0,
     promptTokensReused: 0,
+    promptTokensCopied: 0,
+    prefixCopies: 0,
+    prefixWaits: 0,
     tokensGenerated: 0,
     decodes: 0,
     batchedTokens: 0,
@@ -167,6 +219,7 @@ export class Scheduler {
     decodeMs: 0,
     sampleMs: 0,
     stepMs: 0,
+    promptCacheMs: 0,
   };
 
   constructor(model: NativeModel, ctx: NativeContext, batch: Batch, opts: SchedulerOptions) {
@@ -174,9 +227,10 @@ export class Scheduler {
     this.#ctx = ctx;
     this.#batch = batch;
     this.#opts = opts;
+    this.#cache = opts.promptCache?.enabled ? opts.promptCache : undefined;
     this.#slots = Array.from({ length: ctx.nSeqMax }, (_, seq) => ({
       seq,
-      cached: [],
+      tokens: [],
       checkpoints: [],
       busy: false,
       lastUsed: 0,
@@ -205,6 +259,9 @@ export class Scheduler {
         slots: [],
         fed: 0,
         lastChunk: -1,
+        order: 0,
+        arrival: 0,
+        key: 0,
         cached: 0,
         boundaries: [],
         checkpointAt: new Set(),
@@ -269,12 +326,19 @@ export class Scheduler {
 
   /** Starts waiting jobs in order while enough sequences are free. */
   async #admit() {
+    // Jobs whose leader went away (cancelled, failed) find their prefix elsewhere first.
+    for (const r of [...this.#running]) {
+      if (r.follows?.leader.failed) {
+        r.follows = undefined;
+        await this.#begin(r);
+      }
+    }
     while (this.#waiting.length > 0) {
       const r = this.#waiting[0];
       const free = this.#slots.filter((s) => !s.busy);
       if (free.length < r.job.choices.length) return;
       this.#waiting.shift();
-      const primary = this.#bestSlot(free, r.job.prompt);
+      const primary = this.#bestSlot(free, r.job.prompt, r.job.reusePrefix !== false);
       // Next to the first one: the job's sequences then share micro-batches (see #decodeStep).
       const others = free.filter((s) => s !== primary)
         .sort((a, b) => Math.abs(a.seq - primary.seq) - Math.abs(b.seq - primary.seq))
@@ -286,56 +350,102 @@ export class Scheduler {
       }
       this.stats.busySequences += r.slots.length;
       r.job.onStart?.();
-      try {
-        if (r.job.reusePrefix === false) this.#reset(primary);
-        r.cached = await this.#reuse(primary, r.job.prompt);
-      } catch (e) {
-        this.#reset(primary);
-        r.cached = 0;
-        r.reject(e);
-        this.#releaseSlots(r);
-        continue;
-      }
-      r.fed = r.cached;
-      this.stats.promptTokensReused += r.cached;
-      // Chunks end at multiples of the chunk size and at turn starts: they depend on the prompt
-      // alone, so a prompt is always cut the same way, whatever else runs.
-      // A checkpoint only pays off after a long enough prefix: shorter ones are cheap to recompute,
-      // and every cut costs the chunk before it a pass over the weights.
-      const hints = [...(r.job.checkpoints ?? [])].filter((p) =>
-        p >= this.#opts.chunk && p < r.job.prompt.length
-      );
-      // Prompt log-probabilities need every token's logits: small chunks bound that output buffer.
-      const chunk = r.job.onPromptLogits ? 64 : this.#opts.chunk;
-      // (Turn starts matter only where checkpoints are taken: recurrent models.)
-      const cuts = new Set(this.#model.recurrent ? hints : []);
-      for (let p = chunk; p < r.job.prompt.length; p += chunk) cuts.add(p);
-      r.boundaries = [...cuts].sort((a, b) => a - b);
-      if (this.#model.recurrent) {
-        const spacing = this.#opts.checkpointSpacing;
-        let last = -Infinity;
-        const marks = hints.filter((p) => p > r.fed).sort((a, b) => a - b);
-        marks.forEach((p, i) => {
-          if (i === marks.length - 1 || p - last >= spacing) {
-            r.checkpointAt.add(p);
-            last = p;
-          }
-        });
-      }
+      r.order = ++this.#admitted;
+      r.arrival = this.stats.promptTokensEvaluated;
       this.#running.push(r);
+      await this.#begin(r);
     }
   }
 
-  /** The free sequence whose memory serves most of `prompt` (least recently used on ties). */
-  #bestSlot(free: Slot[], prompt: readonly number[]): Slot {
-    // A slot is reused when the prompt keeps a real prefix of it (at least 64 tokens and half of what
-    // it holds); otherwise an empty or the least recently used slot is taken, so a few shared
-    // template tokens never evict another conversation's cache (llama-server: similarity + LRU).
+  /**
+   * Finds where `r`'s prompt starts: the longest prefix available now (its own sequence, a copy of
+   * another one, the prompt cache), or, when a prompt being prefilled will hold a longer one soon,
+   * that prompt (`r` waits for it). On failure `r` ends with the error.
+   */
+  async #begin(r: Running) {
+    const prompt = r.job.prompt;
+    const primary = r.slots[0];
+    try {
+      if (r.job.reusePrefix === false) {
+        await this.#preserve(primary, 0);
+        this.#reset(primary);
+        return this.#start(r, 0);
+      }
+      const own = usablePrefix(primary, prompt, this.#model.recurrent);
+      const now = this.#bestSource(r, own);
+      const available = Math.max(own, now?.tokens ?? 0);
+      const leader = this.#bestLeader(r);
+      if (leader && leader.target >= available + MIN_REUSE) {
+        r.follows = leader;
+        r.key = r.arrival + prompt.length - available;
+        this.stats.prefixWaits++;
+        return;
+      }
+      if (now) return this.#start(r, await this.#take(primary, now, r));
+      await this.#preserve(primary, own);
+      this.#start(r, await this.#reuse(primary, r));
+    } catch (e) {
+      this.#reset(primary);
+      this.#finish(r, e);
+    }
+  }
+
+  /** `r`'s prompt holds `cached` tokens: it is cut into chunks and goes to the prompt queue. */
+  #start(r: Running, cached: number) {
+    r.cached = cached;
+    r.fed = cached;
+    r.key = r.arrival + r.job.prompt.length - cached;
+    this.stats.promptTokensReused += cached;
+    r.boundaries = this.#cuts(r.job);
+    r.checkpointAt.clear();
+    if (this.#model.recurrent) {
+      const hints = this.#checkpointHints(r.job);
+      const spacing = this.#opts.checkpointSpacing;
+      let last = -Infinity;
+      const marks = hints.filter((p) => p > r.fed).sort((a, b) => a - b);
+      marks.forEach((p, i) => {
+        if (i === marks.length - 1 || p - last >= spacing) {
+          r.checkpointAt.add(p);
+          last = p;
+        }
+      });
+    }
+  }
+
+  /**
+   * Where `job`'s prompt chunks end (besides its end). They depend on the prompt alone, so a prompt
+   * is always cut the same way, whatever else runs: at multiples of the chunk size and, for
+   * recurrent models (where checkpoints are taken), at turn starts.
+   */
+  #cuts(job: GenerationJob): number[] {
+    // Prompt log-probabilities need every token's logits: small chunks bound that output buffer.
+    const chunk = job.onPromptLogits ? 64 : this.#opts.chunk;
+    const cuts = new Set(this.#model.recurrent ? this.#checkpointHints(job) : []);
+    for (let p = chunk; p < job.prompt.length; p += chunk) cuts.add(p);
+    return [...cuts].sort((a, b) => a - b);
+  }
+
+  /**
+   * Turn starts where a checkpoint may be taken. One only pays off after a long enough prefix:
+   * shorter ones are cheap to recompute, and every cut costs the chunk before it a pass over the
+   * weights.
+   */
+  #checkpointHints(job: GenerationJob): number[] {
+    return [...(job.checkpoints ?? [])].filter((p) => p >= this.#opts.chunk && p < job.prompt.length);
+  }
+
+  /**
+   * The free sequence for a new prompt: one whose memory serves most of it (at least 64 tokens and
+   * half of what it holds); otherwise an empty or the least recently used one, so that a few shared
+   * template tokens never evict another conversation (llama-server: similarity + LRU). A prefix held
+   * elsewhere is then copied into it (see #begin).
+   */
+  #bestSlot(free: Slot[], prompt: readonly number[], reuse: boolean): Slot {
     let best: Slot | undefined;
     let bestScore = 0;
-    for (const s of free) {
-      const score = this.#reusable(s, prompt);
-      if (score < MIN_REUSE || score * 2 < s.cached.length) continue;
+    for (const s of reuse ? free : []) {
+      const score = usablePrefix(s, prompt, this.#model.recurrent);
+      if (score < MIN_REUSE || score * 2 < s.tokens.length) continue;
       if (score > bestScore || (score === bestScore && best && s.lastUsed < best.lastUsed)) {
         best = s;
         bestScore = score;
@@ -348,26 +458,149 @@ export class Scheduler {
     const adjacent = (s: Slot) => busy.has(s.seq - 1) || busy.has(s.seq + 1) ? 0 : 1;
     return [...free].sort((a, b) =>
       adjacent(a) - adjacent(b) ||
-      (a.cached.length === 0 ? 0 : 1) - (b.cached.length === 0 ? 0 : 1) ||
+      (a.tokens.length === 0 ? 0 : 1) - (b.tokens.length === 0 ? 0 : 1) ||
       a.lastUsed - b.lastUsed ||
       a.seq - b.seq
     )[0];
   }
 
-  /** Prompt tokens `slot` can keep for `prompt`. */
-  #reusable(slot: Slot, prompt: readonly number[]): number {
-    const p = Math.min(commonPrefix(slot.cached, prompt), prompt.length - 1);
-    if (!this.#model.recurrent || p === slot.cached.length) return p;
-    return slot.checkpoints.filter((c) => c.pos <= p).reduce((m, c) => Math.max(m, c.pos), 0);
+  /**
+   * The longest prefix of `r`'s prompt held by another sequence (busy or idle) or the prompt cache,
+   * if it beats `own` (what `r`'s sequence holds itself) by enough to pay for the copy.
+   */
+  #bestSource(r: Running, own: number): Source | undefined {
+    const prompt = r.job.prompt;
+    const primary = r.slots[0];
+    const recurrent = this.#model.recurrent;
+    let best: Source | undefined;
+    for (const s of this.#slots) {
+      // (A waiting follower's sequence still holds its old memory, which may serve.)
+      if (s === primary) continue;
+      const tokens = usablePrefix(s, prompt, recurrent);
+      if (tokens > (best?.tokens ?? 0)) best = { kind: "slot", slot: s, tokens };
+    }
+    // A restore writes at once, while a pending copy from or to the sequence would land on it later.
+    if (this.#cache && !this.#copiedFrom.has(primary.seq) && !this.#copiedTo.has(primary.seq)) {
+      const found = this.#cache.best(prompt);
+      if (found && found.tokens > (best?.tokens ?? 0)) best = { kind: "cache", ...found };
+    }
+    return best && best.tokens >= own + MIN_REUSE ? best : undefined;
   }
 
-  /** Cuts `slot`'s memory back to what `prompt` can reuse; returns the number of reused tokens. */
-  async #reuse(slot: Slot, prompt: readonly number[]): Promise<number> {
-    const p = Math.min(commonPrefix(slot.cached, prompt), prompt.length - 1);
-    if (p === slot.cached.length) return p;
+  /**
+   * The prompt being prefilled that will hold the longest prefix of `r`'s prompt (more than it
+   * holds now), and how far `r` must wait for it: for recurrent models, to the end of one of its
+   * chunks, where the state can be copied as it is.
+   */
+  #bestLeader(r: Running): { leader: Running; target: number } | undefined {
+    const prompt = r.job.prompt;
+    let best: { leader: Running; target: number } | undefined;
+    for (const o of this.#running) {
+      if (o === r || o.failed || o.follows || o.fed >= o.job.prompt.length) continue;
+      const shared = Math.min(commonPrefix(o.job.prompt, prompt), prompt.length - 1);
+      let target = exactResume(this.#cuts(r.job), prompt.length, shared);
+      if (this.#model.recurrent) {
+        target = 0;
+        for (const b of [...o.boundaries, o.job.prompt.length]) if (b <= shared && b > target) target = b;
+      }
+      if (target > o.fed && target > (best?.target ?? 0)) best = { leader: o, target };
+    }
+    return best;
+  }
+
+  /** Followers of `leader` whose prefix it now holds copy it and start. */
+  async #wakeFollowers(leader: Running) {
+    for (const r of [...this.#running]) {
+      if (r.follows?.leader !== leader || leader.fed < r.follows.target || r.failed) continue;
+      r.follows = undefined;
+      const primary = r.slots[0];
+      try {
+        const tokens = usablePrefix(leader.slots[0], r.job.prompt, this.#model.recurrent);
+        const own = usablePrefix(primary, r.job.prompt, this.#model.recurrent);
+        if (tokens > own) {
+          this.#start(
+            r,
+            await this.#take(primary, { kind: "slot", slot: leader.slots[0], tokens }, r),
+          );
+        } else {
+          await this.#preserve(primary, own);
+          this.#start(r, await this.#reuse(primary, r));
+        }
+      } catch (e) {
+        this.#reset(primary);
+        this.#finish(r, e);
+      }
+    }
+  }
+
+  /**
+   * Replaces `slot`'s memory by a copy of `source` (another sequence, or a saved state) and cuts it
+   * back to what `prompt` can use; returns that number of tokens.
+   */
+  async #take(slot: Slot, source: Source, r: Running): Promise<number> {
+    await this.#preserve(slot, 0);
+    this.#reset(slot);
+    if (source.kind === "slot") {
+      this.#ctx.copySequence(source.slot.seq, slot.seq);
+      this.#copiedFrom.add(source.slot.seq);
+      this.#copiedTo.add(slot.seq);
+      slot.tokens = [...source.slot.tokens];
+      slot.checkpoints = [...source.slot.checkpoints];
+      const kept = await this.#reuse(slot, r);
+      this.stats.prefixCopies++;
+      this.stats.promptTokensCopied += kept;
+      return kept;
+    }
+    const started = performance.now();
+    try {
+      await this.#ctx.restoreState(slot.seq, source.entry.state, 0);
+    } finally {
+      this.stats.promptCacheMs += performance.now() - started;
+    }
+    slot.tokens = [...source.entry.tokens];
+    slot.checkpoints = [...source.entry.checkpoints];
+    const kept = await this.#reuse(slot, r);
+    this.#cache!.hit(source.entry, kept);
+    return kept;
+  }
+
+  /**
+   * Saves `slot`'s memory into the prompt cache before all but its first `keep` tokens are lost,
+   * unless what would be lost is short or held elsewhere (another sequence, an entry).
+   */
+  async #preserve(slot: Slot, keep: number) {
+    const cache = this.#cache;
+    if (!cache || slot.tokens.length - keep < MIN_REUSE || this.#copiedTo.has(slot.seq)) return;
+    const recurrent = this.#model.recurrent;
+    // A waiting follower's sequence is about to be replaced: it keeps nothing for anyone.
+    const replaced = new Set(this.#running.filter((r) => r.follows).map((r) => r.slots[0]));
+    const elsewhere = this.#slots.some((s) =>
+      s !== slot && !replaced.has(s) && holdsAll(s, slot.tokens, recurrent)
+    );
+    if (elsewhere || cache.covers(slot.tokens)) return;
+    const started = performance.now();
+    try {
+      const bytes = this.#ctx.stateSize(slot.seq, 0) +
+        slot.checkpoints.reduce((n, c) => n + c.data.length, 0);
+      if (!cache.fits(bytes)) return;
+      const state = await this.#ctx.saveState(slot.seq, 0);
+      cache.put({ tokens: [...slot.tokens], state, checkpoints: [...slot.checkpoints] });
+    } catch {
+      // Out of host memory, or llama.cpp could not write the state: nothing is saved, nothing lost.
+    } finally {
+      this.stats.promptCacheMs += performance.now() - started;
+    }
+  }
+
+  /** Cuts `slot`'s memory back to what `r`'s prompt can reuse; returns the number of reused tokens. */
+  async #reuse(slot: Slot, r: Running): Promise<number> {
+    const prompt = r.job.prompt;
+    let p = Math.min(commonPrefix(slot.tokens, prompt), prompt.length - 1);
+    if (!this.#model.recurrent) p = exactResume(this.#cuts(r.job), prompt.length, p);
+    if (p === slot.tokens.length) return p;
     if (!this.#model.recurrent) {
       if (this.#ctx.removeTokens(slot.seq, p)) {
-        slot.cached.length = p;
+        slot.tokens.length = p;
         return p;
       }
       this.#reset(slot);
@@ -384,14 +617,14 @@ export class Scheduler {
       return 0;
     }
     this.stats.checkpointsRestored++;
-    slot.cached.length = checkpoint.pos;
+    slot.tokens.length = checkpoint.pos;
     slot.checkpoints = slot.checkpoints.filter((c) => c.pos <= checkpoint.pos);
     return checkpoint.pos;
   }
 
   #reset(slot: Slot) {
     this.#ctx.removeTokens(slot.seq, -1, -1);
-    slot.cached = [];
+    slot.tokens = [];
     slot.checkpoints = [];
   }
 
@@ -433,12 +666,12 @@ export class Scheduler {
       if (group.every((d) => d.running.failed)) continue;
       batch.clear();
       for (const d of group) {
-        d.out = batch.add(d.choice.pending, d.choice.slot.cached.length, d.choice.slot.seq, true);
+        d.out = batch.add(d.choice.pending, d.choice.slot.tokens.length, d.choice.slot.seq, true);
       }
       if (!await this.#decode(new Set(group.map((d) => d.running)))) continue;
       const sampleStart = performance.now();
       for (const d of group) {
-        d.choice.slot.cached.push(d.choice.pending);
+        d.choice.slot.tokens.push(d.choice.pending);
         if (!d.running.failed) await this.#sample(d.running, d.choice, d.out);
       }
       this.stats.sampleMs += performance.now() - sampleStart;
@@ -446,9 +679,12 @@ export class Scheduler {
   }
 
   /**
-   * Prompt chunks, up to {@link SchedulerOptions.chunk} tokens in all (at least one chunk), least
-   * recently served prompt first: new prompts go before a long one's next chunk, so a short request
-   * never waits for a long prompt, and a burst of short prompts starts decoding together.
+   * Prompt chunks, up to {@link SchedulerOptions.chunk} tokens in all (at least one chunk), the
+   * prompt with the smallest {@link Running.key} first: the one that would finish first had it run
+   * alone since it arrived. Prompts that arrive together are finished one after the other, shortest
+   * first, instead of all together at the end; a short request never waits for a long prompt; and
+   * a long prompt moves ahead of newer ones once it has waited as long as its own work takes. A
+   * prompt that others wait for to copy its prefix goes at the earliest of their keys.
    *
    * Greedy output must not depend on load: a sequence has to compute exactly as it would alone.
    * llama.cpp splits a batch of several sequences into micro-batches of equal length per sequence
@@ -459,8 +695,15 @@ export class Scheduler {
    * a burst of same-length prompts takes one pass over the weights instead of one each).
    */
   async #prefillStep() {
-    const chunks: PromptChunk[] = this.#running.filter((r) => r.fed < r.job.prompt.length)
-      .sort((a, b) => a.lastChunk - b.lastChunk)
+    const key = new Map<Running, number>();
+    for (const r of this.#running) {
+      if (r.follows) {
+        const leader = r.follows.leader;
+        key.set(leader, Math.min(key.get(leader) ?? leader.key, r.key));
+      } else if (!key.has(r)) key.set(r, r.key);
+    }
+    const chunks: PromptChunk[] = this.#running.filter((r) => r.fed < r.job.prompt.length && !r.follows)
+      .sort((a, b) => key.get(a)! - key.get(b)! || a.order - b.order)
       .map((r) => ({ r, from: r.fed, to: r.boundaries.find((p) => p > r.fed) ?? r.job.prompt.length }));
     const served = new Set<Running>();
     let budget = this.#opts.chunk;
@@ -522,7 +765,7 @@ export class Scheduler {
     let first = 0;
     for (const [k, { r, from, to }] of group.entries()) {
       const slot = r.slots[0];
-      for (let i = from; i < to; i++) slot.cached.push(r.job.prompt[i]);
+      for (let i = from; i < to; i++) slot.tokens.push(r.job.prompt[i]);
       if (r.job.onPromptLogits) {
         try {
           for (let i = from; i < Math.min(to, r.job.prompt.length - 1); i++) {
@@ -536,6 +779,8 @@ export class Scheduler {
       r.fed = to;
       this.stats.promptTokensEvaluated += to - from;
       if (r.checkpointAt.has(to)) await this.#checkpoint(slot, to);
+      // Before its next chunk: a recurrent state is copied as it is at this boundary.
+      await this.#wakeFollowers(r);
       if (r.fed === r.job.prompt.length && !r.failed) await this.#startChoices(r, outs[k]);
     }
     this.stats.sampleMs += performance.now() - sampleStart;
@@ -548,6 +793,8 @@ export class Scheduler {
     const decodeStart = performance.now();
     try {
       await this.#ctx.decode(this.#batch);
+      this.#copiedFrom.clear();
+      this.#copiedTo.clear();
       return true;
     } catch (e) {
       for (const r of jobs) {
@@ -575,9 +822,12 @@ export class Scheduler {
   async #startChoices(r: Running, out: number) {
     const [primary, ...others] = r.slots;
     for (const s of others) {
+      await this.#preserve(s, 0);
       this.#reset(s);
       this.#ctx.copySequence(primary.seq, s.seq);
-      s.cached = [...primary.cached];
+      this.#copiedFrom.add(primary.seq);
+      this.#copiedTo.add(s.seq);
+      s.tokens = [...primary.tokens];
     }
     r.choices = r.job.choices.map((spec, index) => ({
       index,
@@ -613,7 +863,7 @@ export class Scheduler {
       c.generated++;
       this.stats.tokensGenerated++;
       if (!r.job.onToken(c.index, token, logprob)) return this.#end(r, c, "stop");
-      if (c.generated >= r.job.maxTokens || c.slot.cached.length + 1 >= this.#ctx.nCtxSeq) {
+      if (c.generated >= r.job.maxTokens || c.slot.tokens.length + 1 >= this.#ctx.nCtxSeq) {
         return this.#end(r, c, "length");
       }
       c.pending = token;
@@ -651,10 +901,37 @@ export class Scheduler {
   }
 }
 
-/** Length of the common prefix of two token lists. */
-export function commonPrefix(a: readonly number[], b: readonly number[]): number {
-  const n = Math.min(a.length, b.length);
-  let i = 0;
-  while (i < n && a[i] === b[i]) i++;
-  return i;
+/**
+ * ggml's CPU flash attention computes a chunk of at least this many query rows in tiles (F32 matrix
+ * products), fewer row by row (F16 dot products), and one row over 512 or more KV cells split across
+ * threads: the three round differently. (`GGML_FA_TILE_Q`.)
+ */
+const ATTENTION_TILE_ROWS = 64;
+
+/**
+ * Where a prompt (cut at `cuts`) whose first `held` tokens are in memory resumes, for a KV cache
+ * that can be cut anywhere: at most `held`, and far enough back that the chunk it then computes up
+ * to the next cut takes the attention path of the chunk the prompt computes there alone (at least
+ * 64 rows, 2 to 63, or one). Then it computes exactly as alone (flash attention on CPU included),
+ * for at most 63 tokens recomputed.
+ *
+ * @example
+ * ```ts
+ * exactResume([512], 722, 708); // 658: rows 658-721 in one chunk of 64, as 512-721 alone
+ * ```
+ */
+export function exactResume(cuts: readonly number[], length: number, held: number): number {
+  let start = 0;
+  let end = length;
+  for (const c of cuts) {
+    if (c <= held) start = c;
+    else {
+      end = c;
+      break;
+    }
+  }
+  const alone = end - start;
+  if (alone >= ATTENTION_TILE_ROWS) return Math.min(held, end - ATTENTION_TILE_ROWS);
+  if (alone === 1) return held;
+  return Math.min(held, end - 2);
 }

@@ -5,6 +5,7 @@ import { Markup, type MarkupToken } from "../markup.ts";
 import type { EmbeddingEngine } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { SessionReply, SessionRequest } from "./session_worker.ts";
+import type { ComputeClient } from "../compute_share.ts";
 
 /** True when onnxruntime-node's CUDA provider libraries are installed beside its binding. */
 export function cudaProviderInstalled(): boolean {
@@ -31,11 +32,15 @@ export interface OnnxEmbeddingOptions {
   gpu: "auto" | "cuda" | "cpu";
   /** Most sequences in one run. */
   maxBatch: number;
+  /** The model's turn on the machine's compute (see compute_share.ts). */
+  compute?: ComputeClient;
   log: Logger;
 }
 
 /** Most padded tokens in one run: bounds activation memory when long and short inputs meet. */
 const MAX_BATCH_TOKENS = 16_384;
+/** Most tokens a request may be owed: one that could not run for a while does not then take over. */
+const MAX_CREDIT = 2048;
 
 /**
  * The onnxruntime session in its worker (see `session_worker.ts`): one run at a time, answered in
@@ -99,14 +104,23 @@ interface Pending {
 interface Job {
   inputs: Pending[];
   next: number;
+  /** Tokens run for it, counted from the engine's virtual time when it came. */
+  served: number;
+  /** Tokens actually run for it (ties of `served` go to the request that has had fewer). */
+  received: number;
   signal?: AbortSignal;
 }
 
 /**
  * One session; queued sequences from all requests are run together in padded batches, so many
- * concurrent small requests cost about one run instead of many. A batch takes inputs from the
- * waiting requests in turn (a one-input request queued behind a thousand-input one is in the next
- * run), and the inputs of a request whose client left are dropped before each run.
+ * concurrent small requests cost about one run instead of many. Requests share the runs by tokens
+ * (fair queueing): each run is led by the next input of the request that has had the fewest tokens
+ * run, counted from the engine's virtual time when it came (the tokens each waiting request would
+ * have had from an equal share), and filled, fewest-served first, with inputs of a similar length
+ * (the longest at most twice the shortest: padding at most doubles a run's work). A one-word
+ * request queued behind max-size inputs leads the run after the one running, and a request part-way
+ * through is never passed for good by a stream of newer ones; the inputs of a request whose client
+ * left are dropped before each run.
  */
 export class OnnxEmbeddingEngine implements EmbeddingEngine {
   readonly nativeDims: number;
@@ -122,9 +136,9 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   readonly #eos: number;
   /** Requests with inputs still to run, in arrival order. */
   #jobs: Job[] = [];
-  /** The request the next batch starts with (round-robin over requests). */
-  #cursor = 0;
   #running = false;
+  /** Tokens an equal share has given each waiting request so far (grows by a run's tokens / requests). */
+  #vclock = 0;
   readonly #stats = { tokensEvaluated: 0, runs: 0, inputsDone: 0 };
 
   private constructor(
@@ -223,51 +237,68 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
 
   embed(sequences: readonly (readonly number[])[], signal?: AbortSignal): Promise<Float32Array[]> {
     signal?.throwIfAborted();
-    const job: Job = { inputs: [], next: 0, signal };
+    // A newcomer starts at the virtual time: ahead of requests that have had more than an equal
+    // share, behind those that have had less.
+    const job: Job = { inputs: [], next: 0, served: this.#vclock, received: 0, signal };
     const results = sequences.map((ids) =>
       new Promise<Float32Array>((resolve, reject) => job.inputs.push({ ids, resolve, reject }))
     );
+    // Shortest first: neighbours are alike in length, so runs fill within the padding bound.
+    job.inputs.sort((a, b) => a.ids.length - b.ids.length);
     if (job.inputs.length > 0) this.#jobs.push(job);
     this.#drain();
     return Promise.all(results);
   }
 
   /**
-   * The next run's inputs: one from each waiting request in turn, the turn starting after the
-   * request served last, padded to the longest, within the size and token budgets. Costs the
-   * batch's size and the number of requests, not the number of queued inputs.
+   * The next run's inputs: the next input of the request with the fewest tokens run first, then,
+   * each time from the request fewest-served counting this run, inputs while the longest is at
+   * most twice the shortest (padding at most doubles the work) and the size and token budgets
+   * allow. Costs the batch's size times the number of requests, not the number of queued inputs.
+   * Returns the run's tokens per request, charged when it has run: a request that comes meanwhile
+   * starts level with the others as they were before it, so it leads the next run.
    */
-  #nextBatch(): Pending[] {
+  #nextBatch(): { batch: Pending[]; tokens: Map<Job, number> } {
+    const extra = new Map<Job, number>();
+    const taken = new Map<Job, number>();
+    const skipped = new Set<Job>();
     const batch: Pending[] = [];
-    let longest = 0;
-    let k = this.#cursor % this.#jobs.length;
-    for (
-      let idle = 0;
-      batch.length < this.#opts.maxBatch && idle < this.#jobs.length;
-      k = (k + 1) % this.#jobs.length
-    ) {
-      const job = this.#jobs[k];
-      if (job.next === job.inputs.length) {
-        idle++;
+    let width = 0;
+    let shortest = Infinity;
+    while (batch.length < this.#opts.maxBatch) {
+      let job: Job | undefined;
+      let least = Infinity;
+      for (const j of this.#jobs) {
+        if (skipped.has(j) || j.next + (taken.get(j) ?? 0) >= j.inputs.length) continue;
+        const s = this.#owed(j) + (extra.get(j) ?? 0);
+        if (!job || s < least || (s === least && j.received < job.received)) [job, least] = [j, s];
+      }
+      if (!job) break;
+      const input = job.inputs[job.next + (taken.get(job) ?? 0)];
+      const length = Math.max(1, input.ids.length);
+      const [w, low] = [Math.max(width, length), Math.min(shortest, length)];
+      if (batch.length > 0 && (2 * low < w || (batch.length + 1) * w > MAX_BATCH_TOKENS)) {
+        // (Its turn comes in a later run: it leads one when it is the least served.)
+        skipped.add(job);
         continue;
       }
-      const input = job.inputs[job.next];
-      const width = Math.max(longest, input.ids.length);
-      if (batch.length > 0 && (batch.length + 1) * width > MAX_BATCH_TOKENS) break;
-      idle = 0;
-      longest = width;
+      [width, shortest] = [w, low];
       batch.push(input);
-      job.next++;
+      taken.set(job, (taken.get(job) ?? 0) + 1);
+      extra.set(job, (extra.get(job) ?? 0) + input.ids.length);
     }
-    this.#cursor = k; // (requests now done leave the list in #dropCancelled, before the next batch)
-    return batch;
+    for (const [job, n] of taken) job.next += n;
+    return { batch, tokens: extra };
   }
 
-  /** Drops requests with nothing left to run, keeping the cursor on the same request. */
+  /** A request's place in line: its tokens run, but never more than {@link MAX_CREDIT} behind. */
+  #owed(job: Job): number {
+    return Math.max(job.served, this.#vclock - MAX_CREDIT);
+  }
+
+  /** Drops requests with nothing left to run. */
   #removeDone() {
-    const before = this.#jobs.slice(0, this.#cursor).filter((j) => j.next < j.inputs.length).length;
     this.#jobs = this.#jobs.filter((j) => j.next < j.inputs.length);
-    this.#cursor = this.#jobs.length === 0 ? 0 : before % this.#jobs.length;
   }
 
   /** Rejects the inputs still to run of requests whose client left. */
@@ -281,7 +312,8 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     this.#running = true;
     try {
       for (this.#dropCancelled(); this.#jobs.length > 0; this.#dropCancelled()) {
-        const batch = this.#nextBatch();
+        const waiting = this.#jobs.length;
+        const { batch, tokens } = this.#nextBatch();
         try {
           this.#stats.runs++;
           this.#stats.tokensEvaluated += batch.reduce((n, p) => n + p.ids.length, 0);
@@ -291,9 +323,17 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
         } catch (e) {
           batch.forEach((p) => p.reject(e));
         }
+        let total = 0;
+        for (const [job, n] of tokens) {
+          job.served = this.#owed(job) + n;
+          job.received += n;
+          total += n;
+        }
+        this.#vclock += total / waiting;
       }
     } finally {
       this.#running = false;
+      this.#opts.compute?.idle();
     }
   }
 
@@ -304,10 +344,12 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
       for (let t = 0; t < s.length; t++) ids[b * width + t] = BigInt(s[t]);
     });
     const lengths = Int32Array.from(seqs, (s) => s.length);
-    const reply = await this.#session.ask(
-      { type: "run", id: 0, ids, lengths, width, pooling: this.#opts.pooling },
-      [ids.buffer, lengths.buffer],
-    );
+    const ask = () =>
+      this.#session.ask(
+        { type: "run", id: 0, ids, lengths, width, pooling: this.#opts.pooling },
+        [ids.buffer, lengths.buffer],
+      );
+    const reply = await (this.#opts.compute ? this.#opts.compute.run(ask) : ask());
     if (reply.type !== "result") throw new Error("the onnxruntime worker answered out of turn");
     const { vectors, dims } = reply;
     return seqs.map((_, b) => vectors.subarray(b * dims, (b + 1) * dims));

@@ -1,0 +1,221 @@
+/**
+ * Fair scheduling through a real server (issue 26, item 4): a small embedding is not queued behind
+ * max-size ones, and models on one machine share its compute by weight (equal by default). Order
+ * and counters only: the share is read from /metrics over a window, never from wall time.
+ */
+import assert from "node:assert/strict";
+import { postJson, runMain, startServer } from "./helpers/server.ts";
+import { serverTest } from "./helpers/assert.ts";
+
+const KEY = "test-key";
+const EMBED = "Vendor/Vendor3-Embedding-8B";
+const CHAT = "vserve/tiny-chat";
+const MOE = "Vendor/Vendor3.6-35B-A3B";
+// tiny-moe (the spec chat model's stand-in) weighs 3, the others 1 (the default).
+const server = await startServer(["--api-key", KEY, "--compute-weight", "tiny-moe=3"], { waitReady: true });
+globalThis.addEventListener("unload", () => void server.stop());
+const url = (path: string) => `${server.url}${path}`;
+
+/** Every series of /metrics, by `name{labels}`. */
+async function scrape(): Promise<Map<string, number>> {
+  const text = await (await fetch(url("/metrics"))).text();
+  const out = new Map<string, number>();
+  for (const line of text.split("\n")) {
+    if (line.startsWith("#") || !line.includes(" ")) continue;
+    const at = line.lastIndexOf(" ");
+    out.set(line.slice(0, at), Number(line.slice(at + 1)));
+  }
+  return out;
+}
+
+/** A series' value; a missing one fails the test (it is not read as 0). */
+function series(m: Map<string, number>, name: string, model: string): number {
+  const v = m.get(`${name}{model="${model}"}`);
+  assert.ok(v !== undefined, `/metrics has ${name} of ${model}`);
+  return v;
+}
+
+const engineCounter = (m: Map<string, number>, name: string, model: string) =>
+  series(m, `vserve_engine_${name}_total`, model);
+
+/** Compute seconds charged to `model` (its steps and the holds between them). */
+const charged = (m: Map<string, number>, model: string) =>
+  series(m, "vserve_compute_seconds_total", model) + series(m, "vserve_compute_held_seconds_total", model);
+
+/** Polls `check` every 50 ms until it holds; false when it still does not after `timeoutMs`. */
+async function eventually(check: () => Promise<boolean>, timeoutMs: number): Promise<boolean> {
+  const end = performance.now() + timeoutMs;
+  while (performance.now() < end) {
+    if (await check()) return true;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return false;
+}
+
+/** Keeps the embedding model saturated (4 clients of 64 inputs) until the returned function is called. */
+async function saturateEmbeddings(): Promise<() => Promise<void>> {
+  const stop = new AbortController();
+  const input = Array.from(
+    { length: 64 },
+    (_, i) => `passage ${i}: ` + "the river runs past stones ".repeat(40),
+  );
+  const clients = Array.from({ length: 4 }, async () => {
+    while (!stop.signal.aborted) {
+      await fetch(url("/v1/embeddings"), {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+        body: JSON.stringify({ model: EMBED, input }),
+        signal: stop.signal,
+      }).then((r) => r.body?.cancel()).catch(() => {});
+    }
+  });
+  const before = engineCounter(await scrape(), "tokens_evaluated", EMBED);
+  const busy = await eventually(
+    async () => engineCounter(await scrape(), "tokens_evaluated", EMBED) > before + 1000,
+    60_000,
+  );
+  assert.ok(busy, "the embedding model is busy");
+  return async () => {
+    stop.abort();
+    await Promise.all(clients);
+  };
+}
+
+/**
+ * Streams a long greedy chat completion of `model` while embeddings saturate the machine. The
+ * window opens at its 100th event (both models busy) and closes once the embedding model has run
+ * `embedSteps` decodes more (every 50 events a look): over it, returns the chat tokens generated,
+ * the embedding decodes and (a function, to be asserted after those) the chat model's part of the
+ * compute charged to the two models.
+ */
+async function chatBesideEmbeddings(model: string, embedSteps: number) {
+  const stopEmbeddings = await saturateEmbeddings();
+  try {
+    const res = await fetch(url("/v1/chat/completions"), {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({
+        model,
+        messages: [{ role: "user", content: "Tell me a very long story about rivers." }],
+        max_tokens: 10_000,
+        temperature: 0,
+        stream: true,
+      }),
+    });
+    assert.equal(res.status, 200);
+    let events = 0;
+    let m0: Map<string, number> | undefined;
+    let m1: Map<string, number> | undefined;
+    let buffer = "";
+    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+    while (!m1) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      const parts = buffer.split("\n\n");
+      buffer = parts.pop()!;
+      for (const part of parts) {
+        if (!part.startsWith("data: {")) continue;
+        events++;
+        if (events === 100) m0 = await scrape();
+        if (m0 && !m1 && events % 50 === 0) {
+          const m = await scrape();
+          if (engineCounter(m, "decodes", EMBED) - engineCounter(m0, "decodes", EMBED) >= embedSteps) m1 = m;
+        }
+      }
+    }
+    await reader.cancel();
+    assert.ok(m0 && m1, `the stream had ${events} events`);
+    const tokens = engineCounter(m1, "tokens_generated", model) -
+      engineCounter(m0, "tokens_generated", model);
+    const embedDecodes = engineCounter(m1, "decodes", EMBED) - engineCounter(m0, "decodes", EMBED);
+    const part = () => {
+      const chatSeconds = charged(m1, model) - charged(m0, model);
+      return chatSeconds / (chatSeconds + charged(m1, EMBED) - charged(m0, EMBED));
+    };
+    return { tokens, embedDecodes, part };
+  } finally {
+    await stopEmbeddings();
+  }
+}
+
+serverTest("a one-word embedding completes while 8 max-size inputs run, before any of them", async () => {
+  // 8,190 words + end of text: 8,192 tokens, the model's limit. One fills the KV cache but its reserve.
+  const big = "alpha ".repeat(8190);
+  const stop = new AbortController();
+  const m0 = await scrape();
+  const finished: string[] = [];
+  const bigs = Array.from({ length: 8 }, (_, i) =>
+    fetch(url("/v1/embeddings"), {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ model: EMBED, input: big }),
+      signal: stop.signal,
+    }).then(async (r) => {
+      assert.equal(r.status, 200);
+      await r.body?.cancel();
+      finished.push(`big ${i}`);
+    }).catch(() => {}));
+  try {
+    const running = await eventually(async () => {
+      const m = await scrape();
+      return engineCounter(m, "tokens_evaluated", EMBED) > engineCounter(m0, "tokens_evaluated", EMBED);
+    }, 60_000);
+    assert.ok(running && finished.length === 0, "the max-size inputs are running");
+    const small = await postJson(url("/v1/embeddings"), { model: EMBED, input: "hello" }, KEY);
+    assert.equal(small.status, 200);
+    finished.push("small");
+    const m1 = await scrape();
+    assert.deepEqual(finished, ["small"], "the one-word request finished first");
+    assert.equal(
+      engineCounter(m1, "inputs_embedded", EMBED) - engineCounter(m0, "inputs_embedded", EMBED),
+      1,
+      "no max-size input was done before it",
+    );
+  } finally {
+    stop.abort();
+    await Promise.all(bigs);
+  }
+});
+
+/** The equal-weights window, measured once for the two tests that read it. */
+let equalRun: ReturnType<typeof chatBesideEmbeddings> | undefined;
+const equalWeights = () => equalRun ??= chatBesideEmbeddings(CHAT, 10);
+
+serverTest(
+  "chat keeps its share of compute while embeddings saturate the machine (equal weights)",
+  async () => {
+    const { tokens, embedDecodes, part } = await equalWeights();
+    // First come, first served ran one embedding step (of up to 128 tokens) per chat token.
+    assert.ok(embedDecodes * 4 <= tokens, `${embedDecodes} embedding decodes beside ${tokens} chat tokens`);
+    assert.ok(part() > 0.3 && part() < 0.7, `chat's part of the compute: ${part().toFixed(3)} (weights 1:1)`);
+  },
+);
+
+serverTest("weights change the split: a chat model weighing 3 gets about 3/4 beside embeddings", async () => {
+  const equal = await equalWeights();
+  const weighted = await chatBesideEmbeddings(MOE, 6);
+  const [w, e] = [weighted.part(), equal.part()];
+  assert.ok(w > 0.6, `the weighted model's part: ${w.toFixed(3)} (weights 3:1)`);
+  assert.ok(w > e + 0.1, `weight 3: ${w.toFixed(3)}, weight 1: ${e.toFixed(3)}`);
+  const health = await (await fetch(url("/health"))).json();
+  const moe = health.models.find((m: { id: string }) => m.id === MOE);
+  const embed = health.models.find((m: { id: string }) => m.id === EMBED);
+  assert.equal(moe.compute.weight, 3);
+  assert.equal(embed.compute.weight, 1);
+  assert.equal(moe.compute.share, 3 / 6, "3 of the four local models' weights 3+1+1+1");
+});
+
+Deno.test("a --compute-weight for no configured model, or not above 0, exits 2 naming it", async () => {
+  for (
+    const [arg, reason] of [
+      ["nosuch=2", /no model 'nosuch' is configured/],
+      ["tiny-chat=0", /must be above 0/],
+      ["tiny-chat", /expected MODEL=WEIGHT/],
+    ] as const
+  ) {
+    const { code, stdout, stderr } = await runMain(["--port", "0", "--compute-weight", arg]);
+    assert.equal(code, 2, arg);
+    assert.match(stdout + stderr, reason);
+  }
+});
