@@ -354,15 +354,22 @@ serverTest(
 );
 
 serverTest("tools: a call forced by tool_choice tool / any, then a tool_result turn", async () => {
+  // Parallel calls disabled wherever the stop reason is asserted: with them allowed, the random-weight
+  // model writes up to 8 calls of ~60 tokens, and 3 or more run into max_tokens (4 in 120 requests).
   const forced = await client.messages.create({
     model: MODEL,
     max_tokens: 200,
     thinking: OFF,
     tools: [WEATHER, TIME],
-    tool_choice: { type: "tool", name: "get_weather" },
+    tool_choice: { type: "tool", name: "get_weather", disable_parallel_tool_use: true },
     messages: [{ role: "user", content: "Weather in Paris for two days?" }],
   });
   assert.equal(forced.stop_reason, "tool_use");
+  assert.equal(
+    forced.content.filter((b) => b.type === "tool_use").length,
+    1,
+    "one call: parallel use disabled",
+  );
   const call = forced.content.find((b) => b.type === "tool_use") as Json;
   assert.ok(call, JSON.stringify(forced.content));
   assert.match(call.id, /^toolu_/);
@@ -419,7 +426,7 @@ serverTest("tools: a call forced by tool_choice tool / any, then a tool_result t
     ...turn(false),
     messages: turn(false).messages.slice(0, 1),
     max_tokens: 200,
-    tool_choice: { type: "tool", name: "get_time" },
+    tool_choice: { type: "tool", name: "get_time", disable_parallel_tool_use: true },
   });
   assertEventOrder(raw.events);
   assert.ok(raw.events.some((e) => e.data.delta?.type === "input_json_delta"));
@@ -432,6 +439,7 @@ serverTest("tools: a call forced by tool_choice tool / any, then a tool_result t
     tool_choice: { type: "tool", name: "get_time" },
     messages: [{ role: "user", content: "Time?" }],
   });
+  // Parallel calls allowed: the first one always fits in max_tokens (a later one may be cut short).
   const final = await s.finalMessage();
   const streamedCall = final.content.find((b) => b.type === "tool_use") as Json;
   assert.ok(["Paris", "Rome"].includes(streamedCall.input.city), JSON.stringify(final.content));
