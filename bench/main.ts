@@ -33,6 +33,7 @@ import {
 import denoJson from "../deno.json" with { type: "json" };
 import { affinityGain, type GatewayBench, gatewayOverhead } from "./gateway.ts";
 import { samplerCost } from "./sampler.ts";
+import { responsiveness } from "./responsiveness.ts";
 import { mixedLoad } from "./mixed.ts";
 import { agentConversations, promptBurst } from "./agents.ts";
 
@@ -756,6 +757,19 @@ async function overhead() {
       "lower",
       percentiles(embeds, p),
     );
+  }
+  if (server) {
+    await cooldown();
+    await responsiveness({
+      url: server.url,
+      key: KEY,
+      chatModel: chatModels[0].id,
+      embedModel: EMBED,
+      reps,
+      quick,
+      record: (metric, unit, values) => record("server overhead", metric, unit, "lower", { http: values }),
+      log,
+    });
   }
   log("overhead done");
 }

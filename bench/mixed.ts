@@ -187,7 +187,10 @@ async function window(b: MixedBench, chat: boolean, embed: boolean, tag: string)
  *
  * @example
  * ```ts
- * await mixedLoad({ url, key, chatId, embedId, clients: 16, seconds: 20, reps: 1, decodeTokens: 32, record, log });
+ * async function mixedAgainst(url: string, key: string, record: MixedBench["record"]) {
+ *   const ids = { chatId: "tiny-chat", embedId: "tiny-embed" };
+ *   await mixedLoad({ url, key, ...ids, clients: 16, seconds: 20, reps: 1, decodeTokens: 32, record, log: console.log });
+ * }
  * ```
  */
 export async function mixedLoad(b: MixedBench): Promise<void> {

@@ -65,7 +65,8 @@ export function ratio(row: Row): number | undefined {
  * @example
  * ```ts
  * // vserve 20 ms, llama-server 25 ms: vserve is 1.25× better
- * baselineRatio({ better: "lower", http: s(20), baseline: s(25), ... }); // 1.25
+ * const row = { scenario: "s", metric: "m", unit: "ms", better: "lower" as const };
+ * baselineRatio({ ...row, http: summarize([20]), baseline: summarize([25]) }); // 1.25
  * ```
  */
 export function baselineRatio(row: Row): number | undefined {

@@ -150,7 +150,22 @@ const SHAPES = {
  *
  * @example
  * ```ts
- * rewrite(body, "messages", opts, 151668);
+ * const body = {
+ *   model: "m",
+ *   max_tokens: 4096,
+ *   tools: [{ name: "Read", input_schema: { type: "object" } }],
+ *   messages: [{ role: "user", content: "Read README.md" }],
+ * };
+ * const opts: Options = {
+ *   upstream: "http://127.0.0.1:8080",
+ *   port: 8081,
+ *   tool: "Read",
+ *   args: { file_path: "README.md" },
+ *   answer: "Done.",
+ *   maxTokens: 512,
+ *   thinkBias: 10,
+ * };
+ * rewrite(body, "messages", opts, 151668); // tool_choice {type: "tool", name: "Read", …}, max_tokens 512
  * ```
  */
 export function rewrite(body: Json, api: Api, opts: Options, thinkToken?: number): Json {

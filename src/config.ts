@@ -358,7 +358,8 @@ export function parseEnv(env: Record<string, string>): Partial<Record<Key, unkno
  *
  * @example
  * ```ts
- * const config = await loadConfig(Deno.args, Deno.env.toObject());
+ * const { config } = await loadConfig(["--port", "9000"], {});
+ * config.port; // 9000
  * ```
  */
 export async function loadConfig(
@@ -409,7 +410,9 @@ export async function loadConfig(
  *
  * @example
  * ```ts
+ * const { config } = await loadConfig(["--api-key", "secret"], {});
  * const keys = await loadApiKeys(config);
+ * keys.length; // 1
  * ```
  */
 export async function loadApiKeys(config: Config): Promise<ApiKey[]> {

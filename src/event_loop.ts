@@ -18,6 +18,74 @@
 export type TickObserver = (stallSeconds: number, lagSeconds: number) => void;
 
 /**
+ * What the monitor reads and schedules with: the JavaScript thread's own clock, CPU time and timers
+ * ({@link threadClock}), or a test's, which moves time by hand.
+ */
+export interface LoopClock {
+  /** Monotonic time, in milliseconds. */
+  now(): number;
+  /** CPU time the JavaScript thread has used so far, in nanoseconds; undefined where it is not known. */
+  cpuNs(): number | undefined;
+  /** Runs `fn` once, `ms` from now, without keeping the process alive; returns what cancels it. */
+  schedule(fn: () => void, ms: number): () => void;
+  /** Releases what reading the clock holds open. */
+  close(): void;
+}
+
+/**
+ * The clock of the thread that runs this JavaScript: `performance.now()`, unref'd timers and the CPU
+ * time from `/proc/thread-self/schedstat` (none where there is no `/proc`).
+ *
+ * @example
+ * ```ts
+ * const clock = threadClock();
+ * const cancel = clock.schedule(() => console.log(clock.now(), clock.cpuNs()), 10);
+ * cancel();
+ * clock.close();
+ * ```
+ */
+export function threadClock(): LoopClock {
+  const buffer = new Uint8Array(64);
+  let file: Deno.FsFile | undefined;
+  try {
+    // The thread that runs this JavaScript (the process's main thread for the server; a worker's
+    // own thread elsewhere). The file stays open: a reading costs two system calls.
+    file = Deno.openSync("/proc/thread-self/schedstat");
+  } catch {
+    file = undefined;
+  }
+  return {
+    now: () => performance.now(),
+    cpuNs() {
+      // The first field of the thread's scheduler statistics.
+      if (!file) return undefined;
+      try {
+        file.seekSync(0, Deno.SeekMode.Start);
+        const n = file.readSync(buffer) ?? 0;
+        let ns = 0;
+        for (let i = 0; i < n; i++) {
+          const digit = buffer[i] - 48;
+          if (digit < 0 || digit > 9) break;
+          ns = ns * 10 + digit;
+        }
+        return ns;
+      } catch {
+        return undefined;
+      }
+    },
+    schedule(fn, ms) {
+      const timer = setTimeout(fn, ms);
+      Deno.unrefTimer(timer);
+      return () => clearTimeout(timer);
+    },
+    close() {
+      file?.close();
+      file = undefined;
+    },
+  };
+}
+
+/**
  * Samples the loop every `intervalMs`, or every `idleIntervalMs` after a window in which the thread
  * worked under a tenth of the time, until {@link stop}. Where the kernel does not report the
  * thread's CPU time (no `/proc`), a stall is taken to be the lag and the tick stays short.
@@ -26,15 +94,15 @@ export type TickObserver = (stallSeconds: number, lagSeconds: number) => void;
  * ```ts
  * const monitor = new EventLoopMonitor((stall, lag) => console.log(stall, lag));
  * monitor.start();
+ * monitor.stop();
  * ```
  */
 export class EventLoopMonitor {
   readonly #observe: TickObserver;
   readonly #intervalMs: number;
   readonly #idleIntervalMs: number;
-  readonly #buffer = new Uint8Array(64);
-  #file: Deno.FsFile | undefined;
-  #timer: ReturnType<typeof setTimeout> | undefined;
+  readonly #clock: LoopClock;
+  #cancel: (() => void) | undefined;
   #running = false;
   /** Whether the current tick is a long one (the thread was nearly idle). */
   #slow = false;
@@ -43,24 +111,23 @@ export class EventLoopMonitor {
   #lastCpu: number | undefined;
 
   /** `idleIntervalMs`: the tick while the thread used under a tenth of the last window. */
-  constructor(observe: TickObserver, intervalMs = 25, idleIntervalMs = 250) {
+  constructor(
+    observe: TickObserver,
+    intervalMs = 25,
+    idleIntervalMs = 250,
+    clock: LoopClock = threadClock(),
+  ) {
     this.#observe = observe;
     this.#intervalMs = intervalMs;
     this.#idleIntervalMs = Math.max(intervalMs, idleIntervalMs);
-    try {
-      // The thread that runs this JavaScript (the process's main thread for the server; a worker's
-      // own thread elsewhere). The file stays open: a tick costs two system calls.
-      this.#file = Deno.openSync("/proc/thread-self/schedstat");
-    } catch {
-      this.#file = undefined;
-    }
+    this.#clock = clock;
   }
 
   start(): void {
     if (this.#running) return;
     this.#running = true;
-    this.#last = performance.now();
-    this.#lastCpu = this.#cpuNs();
+    this.#last = this.#clock.now();
+    this.#lastCpu = this.#clock.cpuNs();
     this.#tick(this.#intervalMs);
   }
 
@@ -70,18 +137,17 @@ export class EventLoopMonitor {
    */
   wake(): void {
     if (!this.#running || !this.#slow) return;
-    clearTimeout(this.#timer);
+    this.#cancel?.();
     this.#close(undefined);
     this.#tick(this.#intervalMs);
   }
 
   #tick(interval: number) {
     this.#slow = interval > this.#intervalMs;
-    this.#timer = setTimeout(() => {
+    this.#cancel = this.#clock.schedule(() => {
       const busy = this.#close(interval);
       if (this.#running) this.#tick(busy ? this.#intervalMs : this.#idleIntervalMs);
     }, interval);
-    Deno.unrefTimer(this.#timer);
   }
 
   /**
@@ -90,8 +156,8 @@ export class EventLoopMonitor {
    * without its CPU time: no telling idle from busy).
    */
   #close(interval: number | undefined): boolean {
-    const now = performance.now();
-    const cpu = this.#cpuNs();
+    const now = this.#clock.now();
+    const cpu = this.#clock.cpuNs();
     const lag = interval === undefined ? 0 : Math.max(0, now - this.#last - interval) / 1000;
     const used = cpu === undefined || this.#lastCpu === undefined ? undefined : (cpu - this.#lastCpu) / 1e9;
     // A long window's CPU may be many short tasks spread over it (50 ms of them in 250 ms is no
@@ -106,28 +172,9 @@ export class EventLoopMonitor {
 
   stop(): void {
     this.#running = false;
-    if (this.#timer !== undefined) clearTimeout(this.#timer);
-    this.#timer = undefined;
-    this.#file?.close();
-    this.#file = undefined;
-  }
-
-  /** CPU time of the JavaScript thread so far (ns): the first field of its scheduler statistics. */
-  #cpuNs(): number | undefined {
-    if (!this.#file) return undefined;
-    try {
-      this.#file.seekSync(0, Deno.SeekMode.Start);
-      const n = this.#file.readSync(this.#buffer) ?? 0;
-      let ns = 0;
-      for (let i = 0; i < n; i++) {
-        const digit = this.#buffer[i] - 48;
-        if (digit < 0 || digit > 9) break;
-        ns = ns * 10 + digit;
-      }
-      return ns;
-    } catch {
-      return undefined;
-    }
+    this.#cancel?.();
+    this.#cancel = undefined;
+    this.#clock.close();
   }
 }
 
@@ -144,32 +191,37 @@ export class EventLoopMonitor {
  *
  * @example
  * ```ts
- * const slices = new Slicer(10, signal);
- * for (const text of texts) {
+ * const slices = new Slicer(10);
+ * const lengths: number[] = [];
+ * for (const text of ["many", "texts"]) {
  *   if (slices.due) await slices.pause();
- *   ids.push(tokenize(text));
+ *   lengths.push(text.length);
  * }
  * ```
  */
 export class Slicer {
   readonly #sliceMs: number;
   readonly #signal?: AbortSignal;
-  #since = performance.now();
+  readonly #now: () => number;
+  #since: number;
 
-  constructor(sliceMs = 10, signal?: AbortSignal) {
+  /** `now`: the clock slices are measured with (milliseconds; a test may pass its own). */
+  constructor(sliceMs = 10, signal?: AbortSignal, now: () => number = () => performance.now()) {
     this.#sliceMs = sliceMs;
     this.#signal = signal;
+    this.#now = now;
+    this.#since = now();
   }
 
   /** Whether the current slice is used up. */
   get due(): boolean {
-    return performance.now() - this.#since >= this.#sliceMs;
+    return this.#now() - this.#since >= this.#sliceMs;
   }
 
   /** A turn of the event loop (timers, network, other requests); starts the next slice. */
   async pause(): Promise<void> {
     await new Promise((resolve) => setTimeout(resolve, 0));
     this.#signal?.throwIfAborted();
-    this.#since = performance.now();
+    this.#since = this.#now();
   }
 }

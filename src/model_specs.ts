@@ -18,7 +18,10 @@ export const QWEN3_QUERY_INSTRUCTION =
  *
  * @example
  * ```ts
- * const specs = await resolveModelSpecs(config); // throws naming a missing file
+ * import type { Config } from "./config.ts";
+ * async function specs(config: Config) {
+ *   return await resolveModelSpecs(config); // throws naming a missing file
+ * }
  * ```
  */
 export async function resolveModelSpecs(config: Config): Promise<ModelSpec[]> {

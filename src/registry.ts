@@ -126,7 +126,8 @@ export const RegistryFileSchema = z.object({ models: z.array(ModelSpecSchema) })
  *
  * @example
  * ```ts
- * const specs = parseRegistry(JSON.parse(await Deno.readTextFile("models/models.json")), "models.json");
+ * const specs = parseRegistry({ models: [{ id: "m", kind: "chat", source: "builtin:tiny-chat" }] }, "models.json");
+ * specs[0].id; // "m"
  * ```
  */
 export function parseRegistry(json: unknown, origin: string): ModelSpec[] {

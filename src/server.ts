@@ -123,7 +123,9 @@ interface Route {
  *
  * @example
  * ```ts
- * Deno.serve({ port: 8080 }, createServer(deps));
+ * function serve(deps: ServerDeps) {
+ *   return Deno.serve({ port: 8080 }, createServer(deps));
+ * }
  * ```
  */
 export function createServer(deps: ServerDeps): ServerHandler {

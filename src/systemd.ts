@@ -12,8 +12,11 @@ import type { Logger } from "./log.ts";
  *
  * @example
  * ```ts
- * const notifier = SystemdNotifier.fromEnv(Deno.env.toObject(), log);
- * notifier?.send("READY=1");
+ * import type { Logger } from "./log.ts";
+ * function ready(log: Logger) {
+ *   const notifier = SystemdNotifier.fromEnv(Deno.env.toObject(), log);
+ *   notifier?.send("READY=1");
+ * }
  * ```
  */
 export class SystemdNotifier {

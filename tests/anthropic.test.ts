@@ -8,9 +8,12 @@
 import assert from "node:assert/strict";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
-import { type Json, postJson, startServer } from "./helpers/server.ts";
+import { type Json, postJson, startServer, writeJsonFile } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
 import { startStandIn } from "./helpers/standin.ts";
+import { postStream, SseReader } from "./helpers/sse.ts";
+import { scrapeMetrics } from "./helpers/metrics.ts";
+import { poll } from "./helpers/poll.ts";
 import { AnthropicErrorSchema, MessageSchema, MessageStreamEventSchema } from "../src/protocol/anthropic.ts";
 import { anthropicError } from "../src/services/messages.ts";
 import { ApiError } from "../src/http/errors.ts";
@@ -18,14 +21,8 @@ import { ApiError } from "../src/http/errors.ts";
 const KEY = "test-key";
 const MODEL = "Vendor/Vendor3.6-35B-A3B";
 
-async function writeJson(value: unknown): Promise<string> {
-  const path = await Deno.makeTempFile({ suffix: ".json" });
-  await Deno.writeTextFile(path, JSON.stringify(value));
-  return path;
-}
-
 // Two sequences and no queue: a third request at once is shed (529), and a leaked sequence would show.
-const registry = await writeJson({
+const registry = await writeJsonFile({
   models: [{ id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 32768, parallel: 2 }],
 });
 const server = await startServer(
@@ -48,18 +45,12 @@ interface SseEvent {
 
 /** A streamed request read to its end: its status, headers and `event:` + `data:` frames. */
 async function stream(body: unknown, headers: Record<string, string> = {}, base = server.url) {
-  const res = await fetch(`${base}/v1/messages?beta=true`, {
-    method: "POST",
-    headers: { "content-type": "application/json", "x-api-key": KEY, ...headers },
-    body: JSON.stringify({ ...body as object, stream: true }),
+  const res = await postStream(`${base}/v1/messages?beta=true`, body as Record<string, unknown>, {
+    key: null,
+    headers: { "x-api-key": KEY, ...headers },
   });
-  const text = await res.text();
-  const events: SseEvent[] = text.split("\n\n").filter((f) => f.trim() !== "").map((frame) => {
-    const event = frame.match(/^event: (.*)$/m)?.[1] ?? "";
-    const data = frame.match(/^data: (.*)$/m)?.[1] ?? "";
-    return { event, data: JSON.parse(data) };
-  });
-  return { status: res.status, headers: res.headers, events, text };
+  const events: SseEvent[] = res.events.map((e) => ({ event: e.event ?? "", data: JSON.parse(e.data) }));
+  return { status: res.status, headers: res.headers, events, text: res.text };
 }
 
 /**
@@ -170,13 +161,18 @@ serverTest("messages.create: a message with usage, on the same engine path as ch
   assert.equal(chat.usage.prompt_tokens, msg.usage.input_tokens + msg.usage.cache_read_input_tokens);
   assert.equal(chat.choices[0].message.content ?? "", msg.content.map((b) => (b as Json).text).join(""));
   // The access log and the metrics count it like any chat request.
-  const line = server.logs.map((l) => JSON.parse(l)).find((l) =>
-    l.msg === "request" && l.request_id === res._request_id
+  // (Both are written as the request ends, which may come after the client has read the body.)
+  const line = await poll(
+    "the request was logged",
+    () =>
+      server.logs.map((l) => JSON.parse(l)).find((l) =>
+        l.msg === "request" && l.request_id === res._request_id
+      ),
   );
   assert.equal(line.route, "/v1/messages");
   assert.equal(line.completion_tokens, msg.usage.output_tokens);
-  const metrics = await (await fetch(`${server.url}/metrics`, { headers: { "x-api-key": KEY } })).text();
-  assert.match(metrics, /route="\/v1\/messages"/);
+  const metrics = await scrapeMetrics(server.url, { headers: { "x-api-key": KEY } });
+  assert.ok(metrics.counter("vserve_http_requests_total", { route: "/v1/messages", status: "200" }) >= 1);
 });
 
 serverTest("messages.stream: Anthropic's events in their order, and the SDK's finalMessage", async () => {
@@ -681,39 +677,26 @@ serverTest("a full queue is shed with 529, and a client leaving mid-stream frees
     messages: [{ role: "user", content: "Go on" }],
     stream: true,
   };
-  const controllers = [new AbortController(), new AbortController()];
-  const readers = await Promise.all(controllers.map(async (c) => {
-    const res = await fetch(url, {
-      method: "POST",
-      headers: { "content-type": "application/json", "x-api-key": KEY },
-      body: JSON.stringify(long),
-      signal: c.signal,
-    });
-    assert.equal(res.status, 200);
-    const reader = res.body!.getReader();
-    for (let got = 0; got < 3;) if ((await reader.read()).value) got++;
-    return reader;
+  const streams = await Promise.all([0, 1].map(async () => {
+    const s = await SseReader.open(url, long, { key: null, headers: { "x-api-key": KEY } });
+    await s.take(3);
+    return s;
   }));
   const shed = await post({ ...long, stream: false });
   await assertAnthropicError(shed, 529, "overloaded_error", "busy");
   assert.ok(shed.headers.get("retry-after"));
-  for (const [i, c] of controllers.entries()) {
-    c.abort();
-    await readers[i].cancel().catch(() => {});
-  }
+  for (const s of streams) await s.cancel();
   // The server notices the disconnects, ends the streams and releases their admission.
-  for (let i = 0; i < 600; i++) {
+  await poll("both streams released their admission", async () => {
     const health = await (await fetch(`${server.url}/health`)).json();
-    if (health.models[0].in_flight === 0) break;
-    await new Promise((r) => setTimeout(r, 50));
-  }
+    return health.models[0].in_flight === 0;
+  });
   // Two sequences: this waits for ever unless both cancelled generations freed theirs.
   for (let i = 0; i < 2; i++) {
     const res = await fetch(url, {
       method: "POST",
       headers: { "content-type": "application/json", "x-api-key": KEY },
       body: JSON.stringify({ ...long, stream: false, max_tokens: 3, thinking: OFF }),
-      signal: AbortSignal.timeout(60_000),
     });
     assert.equal(res.status, 200);
     assert.equal((await res.json()).usage.output_tokens, 3);
@@ -1065,7 +1048,7 @@ serverTest(
   "a model served by upstreams serves /v1/messages through the upstream's chat completions",
   async () => {
     const standIn = startStandIn();
-    const gatewayRegistry = await writeJson({
+    const gatewayRegistry = await writeJsonFile({
       models: [{
         id: "gw/claude",
         kind: "chat",

@@ -337,8 +337,6 @@ Deno.test("build progress is read from Ninja's or Make's last progress line", ()
 
 Deno.test({
   name: "smoke: deno task bench --tiny --quick runs every scenario and writes the report",
-  sanitizeOps: false,
-  sanitizeResources: false,
   fn: async () => {
     const out = await Deno.makeTempDir();
     const run = await new Deno.Command(Deno.execPath(), {

@@ -18,6 +18,7 @@ import { OnnxEmbeddingEngine } from "../src/engines/onnx/embedding.ts";
 import { qwen3TokenizerJsonPath } from "../src/models/qwen3_vocab.ts";
 import { Scheduler } from "../src/engines/llama/scheduler.ts";
 import { TokenSampler } from "../src/engines/llama/sampler.ts";
+import { settles } from "./helpers/poll.ts";
 
 const CACHE = new URL("../models/cache", import.meta.url).pathname;
 
@@ -61,8 +62,6 @@ async function assertCancelStops(
 
 Deno.test({
   name: "embeddings: short inputs in one decode give the vectors of bodies and last tokens decoded apart",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const [apart, together] = [await tinyEmbed(0), await tinyEmbed(512)];
     try {
@@ -99,8 +98,6 @@ Deno.test({
 
 Deno.test({
   name: "embeddings: a request cancelled during its body decode gets no output decode",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     // Two decodes a step (the path of long inputs): the body decode runs, the output decode must not.
     const engine = await tinyEmbed(0);
@@ -159,8 +156,6 @@ async function mostOvertaken(embed: (ids: number[]) => Promise<unknown>, ids: nu
 
 Deno.test({
   name: "embeddings: 64 clients in a closed loop: no request is passed by more than 2 rounds of newer ones",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const engine = await tinyEmbed(0, 1);
     try {
@@ -182,8 +177,6 @@ Deno.test({
 
 Deno.test({
   name: "onnx embeddings: a request whose client left runs no further batch",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { engine, ids } = await onnxSetup();
     try {
@@ -199,8 +192,6 @@ Deno.test({
 
 Deno.test({
   name: "onnx embeddings: a one-input request queued behind a 64-input one is in the next batch",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { engine, ids } = await onnxSetup();
     try {
@@ -222,8 +213,6 @@ Deno.test({
 
 Deno.test({
   name: "onnx embeddings: requests share runs by tokens: 64 short inputs pass 64 long ones after one run",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { engine } = await onnxSetup();
     try {
@@ -247,8 +236,6 @@ Deno.test({
 
 Deno.test({
   name: "onnx embeddings: a 16-input request keeps its share beside a stream of one-input requests",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { engine } = await onnxSetup();
     try {
@@ -280,8 +267,6 @@ Deno.test({
 
 Deno.test({
   name: "logits: rows of one view of llama.cpp's output buffer, equal to its own rows, kept across decodes",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { lib, path } = await nativeSetup("tiny-chat");
     const model = await NativeModel.load(lib, path, 0);
@@ -402,8 +387,6 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
   Deno.test({
     name:
       `scheduler (${name}): same-length prompts arriving together share one decode, each computed as alone`,
-    sanitizeResources: false,
-    sanitizeOps: false,
     fn: async () => {
       const { model, scheduler, run, free } = await schedulerSetup(name);
       try {
@@ -428,8 +411,6 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
 
 Deno.test({
   name: "scheduler: one-token prompt chunks of long prompts run alone, and compute as alone",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { model, scheduler, run, free } = await schedulerSetup("tiny-chat");
     try {
@@ -454,8 +435,6 @@ Deno.test({
 
 Deno.test({
   name: "scheduler (flash attention off): long prompts decoded together give each one's numbers alone",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     // With flash attention on, a sequence decoding alone with 512 KV cells or more takes llama.cpp's
     // split-KV path on CPU (one query row, one KV stream), which rounds otherwise than a batch.
@@ -479,8 +458,6 @@ Deno.test({
 
 Deno.test({
   name: "scheduler: a prompt whose client leaves during another prompt's chunk gets no chunk of its own",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { model, scheduler, free, greedy } = await schedulerSetup("tiny-chat");
     try {
@@ -521,11 +498,8 @@ Deno.test({
 
 Deno.test({
   name: "scheduler: a job submitted as the last running one settles is run, not left waiting",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const { model, run, free } = await schedulerSetup("tiny-chat");
-    let timer: ReturnType<typeof setTimeout> | undefined;
     try {
       const prompt = model.tokenize("river stone light bell", false);
       // The continuation of the last job's promise submits the next one, a few microtasks after the
@@ -534,13 +508,9 @@ Deno.test({
         await Promise.all([run(prompt)]);
         return await run(prompt);
       })();
-      const hung = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error("the second job never ran")), 20_000);
-      });
-      const second = await Promise.race([chained, hung]);
+      const second = await settles("the second job ran", chained);
       assert.ok(second.logprobs.length >= 4);
     } finally {
-      clearTimeout(timer);
       free();
     }
   },

@@ -6,6 +6,9 @@
 import assert from "node:assert/strict";
 import { postJson, runMain, startServer } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
+import { type MetricsScrape, scrapeMetrics } from "./helpers/metrics.ts";
+import { poll } from "./helpers/poll.ts";
+import { SseReader } from "./helpers/sse.ts";
 
 const KEY = "test-key";
 const EMBED = "Vendor/Vendor3-Embedding-8B";
@@ -16,41 +19,15 @@ const server = await startServer(["--api-key", KEY, "--compute-weight", "tiny-mo
 globalThis.addEventListener("unload", () => void server.stop());
 const url = (path: string) => `${server.url}${path}`;
 
-/** Every series of /metrics, by `name{labels}`. */
-async function scrape(): Promise<Map<string, number>> {
-  const text = await (await fetch(url("/metrics"))).text();
-  const out = new Map<string, number>();
-  for (const line of text.split("\n")) {
-    if (line.startsWith("#") || !line.includes(" ")) continue;
-    const at = line.lastIndexOf(" ");
-    out.set(line.slice(0, at), Number(line.slice(at + 1)));
-  }
-  return out;
-}
+const scrape = () => scrapeMetrics(server.url);
 
-/** A series' value; a missing one fails the test (it is not read as 0). */
-function series(m: Map<string, number>, name: string, model: string): number {
-  const v = m.get(`${name}{model="${model}"}`);
-  assert.ok(v !== undefined, `/metrics has ${name} of ${model}`);
-  return v;
-}
-
-const engineCounter = (m: Map<string, number>, name: string, model: string) =>
-  series(m, `vserve_engine_${name}_total`, model);
+const engineCounter = (m: MetricsScrape, name: string, model: string) =>
+  m.value(`vserve_engine_${name}_total`, { model });
 
 /** Compute seconds charged to `model` (its steps and the holds between them). */
-const charged = (m: Map<string, number>, model: string) =>
-  series(m, "vserve_compute_seconds_total", model) + series(m, "vserve_compute_held_seconds_total", model);
-
-/** Polls `check` every 50 ms until it holds; false when it still does not after `timeoutMs`. */
-async function eventually(check: () => Promise<boolean>, timeoutMs: number): Promise<boolean> {
-  const end = performance.now() + timeoutMs;
-  while (performance.now() < end) {
-    if (await check()) return true;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  return false;
-}
+const charged = (m: MetricsScrape, model: string) =>
+  m.value("vserve_compute_seconds_total", { model }) +
+  m.value("vserve_compute_held_seconds_total", { model });
 
 /** Keeps the embedding model saturated (4 clients of 64 inputs) until the returned function is called. */
 async function saturateEmbeddings(): Promise<() => Promise<void>> {
@@ -70,11 +47,10 @@ async function saturateEmbeddings(): Promise<() => Promise<void>> {
     }
   });
   const before = engineCounter(await scrape(), "tokens_evaluated", EMBED);
-  const busy = await eventually(
+  await poll(
+    "the embedding model is busy",
     async () => engineCounter(await scrape(), "tokens_evaluated", EMBED) > before + 1000,
-    60_000,
   );
-  assert.ok(busy, "the embedding model is busy");
   return async () => {
     stop.abort();
     await Promise.all(clients);
@@ -91,40 +67,25 @@ async function saturateEmbeddings(): Promise<() => Promise<void>> {
 async function chatBesideEmbeddings(model: string, embedSteps: number) {
   const stopEmbeddings = await saturateEmbeddings();
   try {
-    const res = await fetch(url("/v1/chat/completions"), {
-      method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
-      body: JSON.stringify({
-        model,
-        messages: [{ role: "user", content: "Tell me a very long story about rivers." }],
-        max_tokens: 10_000,
-        temperature: 0,
-        stream: true,
-      }),
+    const stream = await SseReader.open(url("/v1/chat/completions"), {
+      model,
+      messages: [{ role: "user", content: "Tell me a very long story about rivers." }],
+      max_tokens: 10_000,
+      temperature: 0,
     });
-    assert.equal(res.status, 200);
     let events = 0;
-    let m0: Map<string, number> | undefined;
-    let m1: Map<string, number> | undefined;
-    let buffer = "";
-    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
-    while (!m1) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      const parts = buffer.split("\n\n");
-      buffer = parts.pop()!;
-      for (const part of parts) {
-        if (!part.startsWith("data: {")) continue;
-        events++;
-        if (events === 100) m0 = await scrape();
-        if (m0 && !m1 && events % 50 === 0) {
-          const m = await scrape();
-          if (engineCounter(m, "decodes", EMBED) - engineCounter(m0, "decodes", EMBED) >= embedSteps) m1 = m;
-        }
+    let m0: MetricsScrape | undefined;
+    let m1: MetricsScrape | undefined;
+    for (let e = await stream.next(); e && !m1; e = await stream.next()) {
+      if (!e.data.startsWith("{")) continue;
+      events++;
+      if (events === 100) m0 = await scrape();
+      if (m0 && events % 50 === 0) {
+        const m = await scrape();
+        if (engineCounter(m, "decodes", EMBED) - engineCounter(m0, "decodes", EMBED) >= embedSteps) m1 = m;
       }
     }
-    await reader.cancel();
+    await stream.cancel();
     assert.ok(m0 && m1, `the stream had ${events} events`);
     const tokens = engineCounter(m1, "tokens_generated", model) -
       engineCounter(m0, "tokens_generated", model);
@@ -157,11 +118,11 @@ serverTest("a one-word embedding completes while 8 max-size inputs run, before a
       finished.push(`big ${i}`);
     }).catch(() => {}));
   try {
-    const running = await eventually(async () => {
+    await poll("the max-size inputs are running", async () => {
       const m = await scrape();
       return engineCounter(m, "tokens_evaluated", EMBED) > engineCounter(m0, "tokens_evaluated", EMBED);
-    }, 60_000);
-    assert.ok(running && finished.length === 0, "the max-size inputs are running");
+    });
+    assert.equal(finished.length, 0, "no max-size input has finished yet");
     const small = await postJson(url("/v1/embeddings"), { model: EMBED, input: "hello" }, KEY);
     assert.equal(small.status, 200);
     finished.push("small");

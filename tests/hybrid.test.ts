@@ -6,33 +6,32 @@
  * and the spec embedding model's dimensions.
  */
 import assert from "node:assert/strict";
-import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { type Json, postJson, startServer, type TestServer, writeJsonFile } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { postStream } from "./helpers/sse.ts";
+import { engineCounter, scrapeMetrics } from "./helpers/metrics.ts";
+import { poll } from "./helpers/poll.ts";
 
 const KEY = "test-key";
 const MODEL = "Vendor/Vendor3.6-35B-A3B";
 /** The dense Qwen3 stand-in: batches several prompts at once, and must be just as exact. */
 const DENSE = "vserve/tiny-chat";
 const PER_SEQUENCE = "test/tiny-moe-per-sequence";
-const registry = await Deno.makeTempFile({ suffix: ".json" });
-await Deno.writeTextFile(
-  registry,
-  JSON.stringify({
-    models: [
-      { id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 4096, parallel: 8 },
-      { id: DENSE, kind: "chat", source: "builtin:tiny-chat", contextSize: 4096, parallel: 8 },
-      // The same hybrid model decoding one sequence at a time (what a failed batching check selects).
-      {
-        id: PER_SEQUENCE,
-        kind: "chat",
-        source: "builtin:tiny-moe",
-        contextSize: 4096,
-        parallel: 8,
-        batchSequences: "off",
-      },
-    ],
-  }),
-);
+const registry = await writeJsonFile({
+  models: [
+    { id: MODEL, kind: "chat", source: "builtin:tiny-moe", contextSize: 4096, parallel: 8 },
+    { id: DENSE, kind: "chat", source: "builtin:tiny-chat", contextSize: 4096, parallel: 8 },
+    // The same hybrid model decoding one sequence at a time (what a failed batching check selects).
+    {
+      id: PER_SEQUENCE,
+      kind: "chat",
+      source: "builtin:tiny-moe",
+      contextSize: 4096,
+      parallel: 8,
+      batchSequences: "off",
+    },
+  ],
+});
 const start = (...args: string[]) =>
   startServer(["--api-key", KEY, "--models", registry, ...args], { waitReady: true });
 // `live` serves everything concurrently with prompt reuse; `cold` answers one request at a time,
@@ -71,11 +70,7 @@ async function reference(body: Record<string, unknown>) {
   return (await ask(cold, { ...body, cache_prompt: false })).choices[0].message.content as string;
 }
 
-async function counter(server: TestServer, name: string, model = MODEL): Promise<number> {
-  const text = await (await fetch(`${server.url}/metrics`)).text();
-  const line = text.split("\n").find((l) => l.startsWith(`vserve_engine_${name}_total{model="${model}"}`));
-  return Number(line?.split(" ").at(-1) ?? 0);
-}
+const counter = (server: TestServer, name: string, model = MODEL) => engineCounter(server.url, name, model);
 
 serverTest(
   "hybrid: a shared long prefix, then diverging requests, reuse the prefix and match cold runs",
@@ -137,11 +132,10 @@ serverTest(
     const answer = await ask(single, next);
     assert.ok(answer.usage.prompt_tokens_details.cached_tokens > 600, "the system turn came from the cache");
     assert.equal(await counter(single, "prompt_cache_hits") - hits, 1);
-    const metrics = await (await fetch(`${single.url}/metrics`)).text();
-    const bytes = metrics.split("\n").find((l) =>
-      l.startsWith(`vserve_engine_prompt_cache_bytes{model="${MODEL}"}`)
-    );
-    assert.ok(Number(bytes?.split(" ").at(-1)) > 0, `the cache holds saved states (${bytes})`);
+    const bytes = (await scrapeMetrics(single.url)).value("vserve_engine_prompt_cache_bytes", {
+      model: MODEL,
+    });
+    assert.ok(bytes > 0, `the cache holds saved states (${bytes} bytes)`);
     assert.equal(answer.choices[0].message.content, await reference(next));
   },
 );
@@ -159,9 +153,11 @@ serverTest(
       signal: abort.signal,
     }).then((r) => r.text()).catch(() => "aborted");
     // Cancel while the prompt is still being processed (512 tokens a step).
-    for (let i = 0; i < 200 && (await counter(single, "prompt_tokens_evaluated")) - evaluated < 512; i++) {
-      await new Promise((r) => setTimeout(r, 5));
-    }
+    await poll(
+      "the first prompt chunk was evaluated",
+      async () => (await counter(single, "prompt_tokens_evaluated")) - evaluated >= 512,
+      { everyMs: 5 },
+    );
     abort.abort();
     await pending;
     const done = (await counter(single, "prompt_tokens_evaluated")) - evaluated;
@@ -193,14 +189,8 @@ for (const model of [MODEL, DENSE, PER_SEQUENCE]) {
         }),
     );
     const streamed = await Promise.all(bodies.map(async (body) => {
-      const res = await fetch(`${live.url}/v1/chat/completions`, {
-        method: "POST",
-        headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
-        body: JSON.stringify({ ...body, stream: true }),
-      });
-      const text = await res.text();
-      return text.split("\n\n").filter((e) => e.startsWith("data: {")).map((e) => JSON.parse(e.slice(6)))
-        .map((c) => c.choices[0]?.delta?.content ?? "").join("");
+      const { data } = await postStream(`${live.url}/v1/chat/completions`, body, { key: KEY });
+      return data.filter((c) => c !== "[DONE]").map((c) => c.choices[0]?.delta?.content ?? "").join("");
     }));
     for (let i = 0; i < bodies.length; i++) {
       assert.equal(streamed[i], await reference(bodies[i]), `stream ${i}`);
@@ -235,13 +225,8 @@ serverTest(
     assert.ok(m.reasoning_content.trim().length > 0, "greedy reasoning is visible");
     assert.equal(m.content, "");
     assert.equal(plain.usage.completion_tokens_details.reasoning_tokens, 16);
-    const res = await fetch(`${live.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
-      body: JSON.stringify({ ...body, stream: true }),
-    });
-    const deltas = (await res.text()).split("\n\n").filter((e) => e.startsWith("data: {"))
-      .map((e) => JSON.parse(e.slice(6)).choices[0]?.delta ?? {});
+    const { data } = await postStream(`${live.url}/v1/chat/completions`, body, { key: KEY });
+    const deltas = data.filter((c) => c !== "[DONE]").map((c) => c.choices[0]?.delta ?? {});
     assert.equal(deltas.map((d: Json) => d.reasoning_content ?? "").join(""), m.reasoning_content);
     assert.equal(deltas.map((d: Json) => d.content ?? "").join(""), "");
     const off = await ask(live, { ...body, chat_template_kwargs: { enable_thinking: false } });

@@ -2,7 +2,8 @@
 // embedded module is the one its text source builds.
 import assert from "node:assert/strict";
 import { ABOVE_CAPACITY, f32AtLeast, LogitBuffer } from "../src/engines/llama/logit_scan.ts";
-import { type SamplingParams, seededRandom, TokenSampler, topTokens } from "../src/engines/llama/sampler.ts";
+import { type SamplingParams, TokenSampler, topTokens } from "../src/engines/llama/sampler.ts";
+import { mulberry32 } from "../src/random.ts";
 import { compileWat, embeddedModule, generatedPath, watFiles } from "../scripts/wasm.ts";
 
 const ROOT = new URL("..", import.meta.url).pathname;
@@ -184,7 +185,7 @@ function reference(
   seedValue: number,
   draws: number,
 ): number[] {
-  const next = seededRandom(seedValue);
+  const next = mulberry32(seedValue);
   let best = -Infinity;
   for (const v of x) if (v > best) best = v;
   const inv = 1 / temperature;

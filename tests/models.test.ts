@@ -15,7 +15,7 @@ import { QWEN35_CHAT_TEMPLATE } from "../src/models/qwen35_chat_template.ts";
 import { loadQwen3Vocab, qwen3TokenizerJsonPath } from "../src/models/qwen3_vocab.ts";
 import { fetchFromHub, hubCachePath, parseHubRef } from "../src/models/hub.ts";
 import { silentLogger } from "../src/log.ts";
-import { runMain, startServer } from "./helpers/server.ts";
+import { runMain, startServer, writeJsonFile } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
 import type { Json } from "./helpers/server.ts";
 
@@ -324,11 +324,7 @@ Deno.test("--chat-model naming a missing file refuses to start, naming the file"
 });
 
 Deno.test("a registry file with a bad entry refuses to start, naming the entry and field", async () => {
-  const file = await Deno.makeTempFile({ suffix: ".json" });
-  await Deno.writeTextFile(
-    file,
-    JSON.stringify({ models: [{ id: "x", kind: "vision", source: "builtin:tiny-chat" }] }),
-  );
+  const file = await writeJsonFile({ models: [{ id: "x", kind: "vision", source: "builtin:tiny-chat" }] });
   const out = await runMain(["--port", "0", "--models", file]);
   assert.equal(out.code, 2);
   assert.match(out.stderr, /models\[0\]\.kind/);
@@ -432,20 +428,16 @@ serverTest(
   "a server configured with an hf: model downloads it from the configured hub and serves it",
   async () => {
     const cacheDir = await Deno.makeTempDir();
-    const registry = await Deno.makeTempFile({ suffix: ".json" });
-    await Deno.writeTextFile(
-      registry,
-      JSON.stringify({
-        models: [{
-          id: "org/embed",
-          kind: "embedding",
-          source: "hf:org/embed/tiny-embed.gguf",
-          sha256: await sha256(tinyEmbedPath),
-          maxInputTokens: 512,
-          parallel: 1,
-        }],
-      }),
-    );
+    const registry = await writeJsonFile({
+      models: [{
+        id: "org/embed",
+        kind: "embedding",
+        source: "hf:org/embed/tiny-embed.gguf",
+        sha256: await sha256(tinyEmbedPath),
+        maxInputTokens: 512,
+        parallel: 1,
+      }],
+    });
     const server = await startServer(
       ["--api-key", "k", "--models", registry, "--model-cache", cacheDir, "--hub-url", hubUrl],
       { waitReady: true },

@@ -7,6 +7,9 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { type Json, postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { postStream } from "./helpers/sse.ts";
+import { engineCounter as engineCounterOf } from "./helpers/metrics.ts";
+import { poll } from "./helpers/poll.ts";
 import { checkAgainstSchema } from "../src/services/schema_check.ts";
 import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
 import { ChatChunkSchema, ChatCompletionSchema } from "../src/protocol/chat.ts";
@@ -53,10 +56,7 @@ async function regenerations(id: string | null): Promise<string[]> {
   const entries = () =>
     server.logs.filter((line) => line.startsWith("{")).map((line) => JSON.parse(line))
       .filter((e) => e.request_id === id);
-  for (let i = 0; i < 100 && !entries().some((e) => e.msg === "request"); i++) {
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  assert.ok(entries().some((e) => e.msg === "request"), `request ${id} was logged`);
+  await poll(`request ${id} was logged`, () => entries().some((e) => e.msg === "request"));
   return entries().filter((e) => e.msg === "the output failed its schema; generating it again")
     .map((e) => String(e.fault));
 }
@@ -520,8 +520,7 @@ serverTest("n counts against admission as n sequences, in chat and legacy comple
     assertApiError(await complete({ prompt: "a", n: 2 }), 429, { code: "queue_full" });
     // One more sequence fits the queue.
     const one = chat({ max_tokens: 1 });
-    for (let i = 0; i < 100 && await inFlight() < 3; i++) await new Promise((r) => setTimeout(r, 20));
-    assert.equal(await inFlight(), 3, "n: 1 waits in the queue");
+    await poll("n: 1 waits in the queue", async () => await inFlight() === 3);
     await reader.cancel();
     const answered = await one;
     assert.equal(answered.status, 200);
@@ -570,20 +569,9 @@ serverTest("GET /version names the server and its engines", async () => {
   assert.equal(v.engines["node-llama-cpp"], "3.21.1");
 });
 
-async function engineCounter(name: string): Promise<number> {
-  const text = await (await fetch(url("/metrics"))).text();
-  const line = text.split("\n").find((l) => l.startsWith(`vserve_engine_${name}_total{model="${MODEL}"}`));
-  return Number(line?.split(" ").at(-1) ?? 0);
-}
+const engineCounter = (name: string) => engineCounterOf(server.url, name, MODEL);
 
 async function sse(body: Record<string, unknown>): Promise<Json[]> {
-  const res = await fetch(url("/v1/chat/completions"), {
-    method: "POST",
-    headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
-    body: JSON.stringify(body),
-  });
-  const text = await res.text();
-  return text.split("\n\n").filter((e) => e.startsWith("data: {")).map((e) =>
-    ChatChunkSchema.parse(JSON.parse(e.slice(6)))
-  );
+  const { data } = await postStream(url("/v1/chat/completions"), body, { key: KEY });
+  return data.filter((d) => d !== "[DONE]").map((d) => ChatChunkSchema.parse(d));
 }

@@ -3,14 +3,20 @@
  * time limits, graceful shutdown, and a reliability drill of adversarial requests.
  */
 import assert from "node:assert/strict";
-import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { type Json, postJson, startServer, type TestServer, writeJsonFile } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { startStandIn } from "./helpers/standin.ts";
+import { poll } from "./helpers/poll.ts";
+import { eventData, SseReader } from "./helpers/sse.ts";
+import { scrapeMetrics } from "./helpers/metrics.ts";
 
 const KEY = "test-key";
 const CHAT = "Vendor/Vendor3.6-35B-A3B";
 const EMBED = "Vendor/Vendor3-Embedding-8B";
 const auth = { authorization: `Bearer ${KEY}`, "content-type": "application/json" };
 const user = [{ role: "user", content: "Go on" }];
+/** The chat models' end tokens banned: a generation runs to its max_tokens. */
+const NO_END = { "151643": -100, "151645": -100 };
 
 async function withServer(args: string[], fn: (s: TestServer) => Promise<void>, waitReady = true) {
   const server = await startServer(["--api-key", KEY, ...args], { waitReady });
@@ -21,32 +27,55 @@ async function withServer(args: string[], fn: (s: TestServer) => Promise<void>, 
   }
 }
 
-async function readSse(res: Response): Promise<string[]> {
-  const text = await res.text();
-  return text.split("\n\n").filter((e) => e.startsWith("data: ")).map((e) => e.slice(6));
-}
-
 serverTest("readiness is 503 while models load, /v1 answers 503 with Retry-After, then 200", async () => {
-  await withServer([], async (server) => {
-    const early = await fetch(`${server.url}/health/ready`);
-    const earlyBody = await early.json();
-    assert.equal(early.status, 503);
-    assert.equal(earlyBody.ready, false);
-    assert.equal((await fetch(`${server.url}/health`)).status, 200, "liveness is 200 while loading");
-    const chat = await postJson(`${server.url}/v1/chat/completions`, { model: CHAT, messages: user }, KEY);
-    if (chat.status === 503) {
+  // A model that stays loading until the test lets it: its upstream holds the load's health check.
+  const upstream = startStandIn();
+  const release = upstream.holdHealth();
+  const registry = await writeJsonFile({
+    models: [{
+      id: "gated",
+      kind: "chat",
+      backend: "openai",
+      upstreams: [{ url: upstream.url, model: "ok" }],
+      routing: { healthTimeoutMs: 600_000 },
+    }],
+  });
+  try {
+    await withServer(["--models", registry], async (server) => {
+      // (Released at the end whatever happens: a server stopped while it loads waits for the load.)
+      using _ = { [Symbol.dispose]: release };
+      const early = await fetch(`${server.url}/health/ready`);
+      assert.equal(early.status, 503);
+      assert.equal((await early.json()).ready, false);
+      const live = await fetch(`${server.url}/health`);
+      await live.body?.cancel();
+      assert.equal(live.status, 200, "liveness is 200 while loading");
+      const chat = await postJson(
+        `${server.url}/v1/chat/completions`,
+        { model: "gated", messages: user },
+        KEY,
+      );
       assertApiError(chat, 503, { code: "model_loading" });
       assert.ok(Number(chat.headers.get("retry-after")) > 0);
-    }
-    const deadline = Date.now() + 60_000;
-    let ready: Response;
-    while ((ready = await fetch(`${server.url}/health/ready`)).status !== 200) {
-      await ready.body?.cancel();
-      assert.ok(Date.now() < deadline, "models load");
-      await new Promise((r) => setTimeout(r, 100));
-    }
-    assert.equal((await ready.json()).ready, true);
-  }, false);
+      release();
+      const ready = await poll("the model loaded", async () => {
+        const res = await fetch(`${server.url}/health/ready`);
+        const body = await res.json();
+        return res.status === 200 && body;
+      });
+      assert.equal(ready.ready, true);
+      const served = await postJson(
+        `${server.url}/v1/chat/completions`,
+        { model: "gated", messages: user },
+        KEY,
+      );
+      assert.equal(served.status, 200, JSON.stringify(served.body));
+    }, false);
+  } finally {
+    release();
+    await upstream.stop();
+    await Deno.remove(registry);
+  }
 });
 
 serverTest("a model that fails to load is reported in /health with its reason, and answers 503", async () => {
@@ -58,12 +87,10 @@ serverTest("a model that fails to load is reported in /health with its reason, a
     JSON.stringify({ models: [{ id: "broken", kind: "chat", source: bad }] }),
   );
   await withServer(["--models", registry], async (server) => {
-    let health: Json;
-    for (let i = 0; i < 200; i++) {
-      health = await (await fetch(`${server.url}/health`)).json();
-      if (health.models[0].status !== "loading") break;
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    const health: Json = await poll("the load ended", async () => {
+      const h = await (await fetch(`${server.url}/health`)).json();
+      return h.models[0].status !== "loading" && h;
+    });
     assert.equal(health.models[0].status, "failed");
     assert.ok(health.models[0].error.length > 0);
     assert.ok(
@@ -143,10 +170,12 @@ serverTest(
 
 serverTest("the request time limit answers 504 and frees the slot", async () => {
   await withServer(["--parallel", "1", "--request-timeout-ms", "1500"], async (server) => {
+    // The end tokens banned: 20,000 tokens cannot be done within the limit, on any machine.
     const slow = await postJson(`${server.url}/v1/chat/completions`, {
       model: CHAT,
       messages: user,
       max_tokens: 20000,
+      logit_bias: NO_END,
     }, KEY);
     assertApiError(slow, 504, { type: "timeout_error", code: "timeout" });
     const next = await postJson(`${server.url}/v1/chat/completions`, {
@@ -159,76 +188,73 @@ serverTest("the request time limit answers 504 and frees the slot", async () => 
 });
 
 serverTest("SIGTERM during a stream: the stream completes, new requests are refused, exit 0", async () => {
-  const server = await startServer(["--api-key", KEY, "--drain-timeout-ms", "20000"], { waitReady: true });
-  const res = await fetch(`${server.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: auth,
-    body: JSON.stringify({ model: CHAT, messages: user, max_tokens: 120, stream: true, seed: 1 }),
-  });
-  const events = readSse(res);
-  await new Promise((r) => setTimeout(r, 200));
+  const server = await startServer(["--api-key", KEY, "--drain-timeout-ms", "600000"], { waitReady: true });
+  const stream = await SseReader.open(`${server.url}/v1/chat/completions`, {
+    model: CHAT,
+    messages: user,
+    max_tokens: 400,
+    seed: 1,
+    logit_bias: NO_END,
+  }, { key: KEY, headers: { "x-request-id": "drained" } });
+  await stream.take(1);
   const exited = server.stop("SIGTERM");
-  await new Promise((r) => setTimeout(r, 100));
+  await poll("the server is draining", () => server.logs.some((l) => l.includes('"msg":"shutting down')));
   const refused = await fetch(`${server.url}/v1/models`, { headers: auth }).then(
-    (r) => r.status,
+    async (r) => (await r.body?.cancel(), r.status),
     () => "refused",
   );
   assert.ok(refused === 503 || refused === "refused", `new request during drain: ${refused}`);
-  const all = await events;
-  assert.equal(all.at(-1), "[DONE]");
-  const last = JSON.parse(all.at(-2)!);
-  assert.equal(last.choices[0].finish_reason, "length", "the stream ran to its end");
+  const data = eventData(await stream.rest());
+  assert.equal(data.at(-1), "[DONE]");
+  assert.equal(data.at(-2).choices[0].finish_reason, "length", "the stream ran to its end");
   assert.equal(await exited, 0);
+  const drainAt = server.logs.findIndex((l) => l.includes('"msg":"shutting down'));
+  const streamEnd = server.logs.findIndex((l) =>
+    l.includes('"request_id":"drained"') && l.includes('"msg":"request"')
+  );
+  assert.ok(drainAt >= 0 && drainAt < streamEnd, "the stream was still running when the drain began");
 });
 
 serverTest("SIGTERM past the drain time: streams end with an error event and [DONE], exit 0", async () => {
   const server = await startServer(["--api-key", KEY, "--drain-timeout-ms", "300"], { waitReady: true });
-  const res = await fetch(`${server.url}/v1/chat/completions`, {
-    method: "POST",
-    headers: auth,
-    body: JSON.stringify({ model: CHAT, messages: user, max_tokens: 30000, stream: true }),
-  });
-  const events = readSse(res);
-  await new Promise((r) => setTimeout(r, 300));
+  // The end tokens banned: 30,000 tokens are not done within the drain time, on any machine.
+  const stream = await SseReader.open(`${server.url}/v1/chat/completions`, {
+    model: CHAT,
+    messages: user,
+    max_tokens: 30000,
+    logit_bias: NO_END,
+  }, { key: KEY });
+  await stream.take(1);
   const code = await server.stop("SIGTERM");
-  const all = await events;
-  assert.equal(all.at(-1), "[DONE]");
-  const error = JSON.parse(all.at(-2)!);
-  assert.equal(error.error.code, "shutting_down");
+  const data = eventData(await stream.rest());
+  assert.equal(data.at(-1), "[DONE]");
+  assert.equal(data.at(-2).error.code, "shutting_down");
   assert.equal(code, 0);
 });
 
 serverTest("20 streams cut mid-way: every slot freed, memory steady, normal requests succeed", async () => {
   await withServer(["--parallel", "4"], async (server) => {
-    const rss = async () => {
-      const text = await (await fetch(`${server.url}/metrics`)).text();
-      return Number(text.match(/vserve_process_resident_memory_bytes (\d+)/)![1]);
-    };
+    const rss = async () => (await scrapeMetrics(server.url)).value("vserve_process_resident_memory_bytes");
     const cut = async (seed: number) => {
-      const controller = new AbortController();
-      const res = await fetch(`${server.url}/v1/chat/completions`, {
-        method: "POST",
-        headers: auth,
-        body: JSON.stringify({ model: CHAT, messages: user, max_tokens: 5000, stream: true, seed }),
-        signal: controller.signal,
-      });
-      const reader = res.body!.getReader();
-      for (let got = 0; got < 3;) if ((await reader.read()).value) got++;
-      controller.abort();
-      await reader.cancel().catch(() => {});
+      const stream = await SseReader.open(`${server.url}/v1/chat/completions`, {
+        model: CHAT,
+        messages: user,
+        max_tokens: 5000,
+        seed,
+        logit_bias: NO_END,
+      }, { key: KEY });
+      await stream.take(3);
+      await stream.cancel();
     };
     for (let round = 0; round < 5; round++) await Promise.all([0, 1, 2, 3].map((i) => cut(round * 4 + i)));
     const before = await rss();
     for (let round = 0; round < 5; round++) {
       await Promise.all([0, 1, 2, 3].map((i) => cut(100 + round * 4 + i)));
     }
-    let health: Json;
-    for (let i = 0; i < 100; i++) {
-      health = await (await fetch(`${server.url}/health`)).json();
-      if (health.models.every((m: Json) => m.in_flight === 0)) break;
-      await new Promise((r) => setTimeout(r, 50));
-    }
-    assert.ok(health.models.every((m: Json) => m.in_flight === 0), JSON.stringify(health.models));
+    await poll("every cut stream freed its slot", async () => {
+      const health = await (await fetch(`${server.url}/health`)).json();
+      return health.models.every((m: Json) => m.in_flight === 0);
+    });
     const ok = await Promise.all(
       [0, 1, 2, 3].map((seed) =>
         postJson(

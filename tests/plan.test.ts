@@ -337,6 +337,24 @@ Deno.test("the 35B-A3B's KV cache is kept by its 10 attention layers only; its s
   assert.equal(embed.kv, (8192 + 2048) * 36 * 2 * (8 * 128) * 2);
 });
 
+Deno.test("the prompt cache is a host line of its own (--cache-ram, default 8192 MiB), outside the fit; a note when host memory cannot hold it", async () => {
+  const plan = await planFor(["--vram", "79.6"]);
+  const [chat, embed] = plan.models;
+  assert.equal(chat.devices.CPU.promptCache, 8192 * 2 ** 20);
+  assert.equal(embed.devices.CPU?.promptCache ?? 0, 0, "an embedding model keeps no prompt cache");
+  const u = chat.devices.CPU;
+  const weights = Object.values(u.weights).reduce((a, b) => a + (b ?? 0), 0);
+  assert.equal(useTotal(u), weights + u.kv + u.recurrent + u.checkpoints + u.output + u.compute);
+  assert.ok(!chat.notes.some((n) => n.includes("prompt cache")), "64 GiB of host memory holds it");
+
+  const small = await planFor(["--vram", "79.6", "--cache-ram", "1024", "--ram", "4"]);
+  assert.equal(small.models[0].devices.CPU.promptCache, 1024 * 2 ** 20);
+  assert.equal(small.fits, true, "the cache is a ceiling: it does not decide the fit");
+  const tight = await planFor(["--vram", "79.6", "--ram", "4"]);
+  assert.equal(tight.fits, true);
+  assert.ok(tight.models[0].notes.some((n) => /prompt cache may fill 8192 MiB .* lower --cache-ram/.test(n)));
+});
+
 // ---- refusals ----
 
 Deno.test("--plan exits 2 with the nearest settings when the model cannot fit (--vram 1, all layers)", async () => {

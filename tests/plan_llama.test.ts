@@ -38,7 +38,7 @@ const cpu = backendDevices(lib).find((d) => d.type === "CPU")!;
 
 /** `planned` is within 10% of what llama.cpp allocated. */
 function assertNear(planned: number, actual: number, what: string) {
-  assert.ok(actual > 0, `${what}: llama.cpp reported nothing`);
+  assert.ok(actual > 0, `${what}: llama.cpp's log says nothing of it`);
   const off = (planned - actual) / actual;
   assert.ok(
     Math.abs(off) <= 0.1,
@@ -151,7 +151,7 @@ async function dryRun(
   placement: PlacementSettings = {},
 ): Promise<{ a: LlamaAllocations; weights: number }> {
   const overrides = overrideRules(placement).map((r) => ({ pattern: r.pattern, bufferType: cpu.bufferType }));
-  const capture = captureLlamaLog(llama);
+  await using capture = captureLlamaLog(llama);
   const model = await NativeModel.load(lib, path, 0, { noAlloc: true, overrides });
   try {
     const c = plan.context!;
@@ -166,7 +166,12 @@ async function dryRun(
       ...(kind === "embedding" ? { pooling: "none" as const } : {}),
     });
     ctx.free();
-    return { a: parseLlamaLog(await capture.stop()), weights: model.sizeBytes };
+    const lines = await capture.stop();
+    assert.ok(
+      !lines.some((l) => l.includes("vserve-log-mark")),
+      "the capture's mark is not a line of the log",
+    );
+    return { a: parseLlamaLog(lines), weights: model.sizeBytes };
   } finally {
     model.free();
   }

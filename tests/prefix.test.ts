@@ -16,6 +16,7 @@ import { Batch, type FlashAttention, NativeContext, NativeModel } from "../src/e
 import { exactResume, Scheduler } from "../src/engines/llama/scheduler.ts";
 import { TokenSampler } from "../src/engines/llama/sampler.ts";
 import { PromptCache, type SavedPrompt, usablePrefix } from "../src/engines/llama/prompt_cache.ts";
+import { poll } from "./helpers/poll.ts";
 
 const CACHE = new URL("../models/cache", import.meta.url).pathname;
 const GREEDY = {
@@ -206,8 +207,6 @@ function assertSame(actual: number[], expected: number[], what: string) {
 for (const name of ["tiny-chat", "tiny-moe"]) {
   Deno.test({
     name: `scheduler (${name}): a prompt sharing a busy sequence's prefix starts from a copy of it`,
-    sanitizeResources: false,
-    sanitizeOps: false,
     fn: async () => {
       const m = await modelSetup(name);
       try {
@@ -238,8 +237,6 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
 
   Deno.test({
     name: `scheduler (${name}): prompts arriving together with a shared prefix compute it once`,
-    sanitizeResources: false,
-    sanitizeOps: false,
     fn: async () => {
       const m = await modelSetup(name);
       try {
@@ -274,8 +271,6 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
 
   Deno.test({
     name: `scheduler (${name}): a conversation whose sequence another took is restored from the prompt cache`,
-    sanitizeResources: false,
-    sanitizeOps: false,
     fn: async () => {
       const m = await modelSetup(name);
       try {
@@ -313,8 +308,6 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
 Deno.test({
   name:
     "scheduler (flash attention off): prompts resumed from a copy, a shared prefix or the cache compute as alone",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     // Without flash attention a batched decode step computes as alone, so every number must match
     // the prompt computed alone from nothing.
@@ -354,8 +347,6 @@ Deno.test({
 
 Deno.test({
   name: "scheduler: prompts arriving together finish one after another, shortest first",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const m = await modelSetup("tiny-chat");
     try {
@@ -379,8 +370,6 @@ Deno.test({
 Deno.test({
   name:
     "scheduler: a prompt waiting for another's prefix goes on when that one is cancelled; a waiting one leaves",
-  sanitizeResources: false,
-  sanitizeOps: false,
   fn: async () => {
     const m = await modelSetup("tiny-chat");
     try {
@@ -399,7 +388,9 @@ Deno.test({
       let waits: number;
       try {
         // The leader's first chunk is done: both others wait for its prefix; the leader's client leaves.
-        while (s.stats.promptTokensEvaluated < 512) await new Promise((r) => setTimeout(r, 1));
+        await poll("the leader's first chunk is done", () => s.stats.promptTokensEvaluated >= 512, {
+          everyMs: 1,
+        });
         waits = s.stats.prefixWaits;
       } finally {
         gone.abort(new Error("client left"));

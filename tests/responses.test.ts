@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { type Json, postJson, startServer } from "./helpers/server.ts";
+import { postStream } from "./helpers/sse.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { ResponseObjectSchema, ResponseStreamEventSchema } from "../src/protocol/responses.ts";
 import { checkAgainstSchema } from "../src/services/schema_check.ts";
@@ -531,18 +532,11 @@ serverTest(
     const message = failed.output.find((o) => o.type === "message");
     assert.equal(message?.type === "message" ? message.content[0].text : undefined, text);
     // On the wire: the error event is the last one, named, and no [DONE] follows.
-    const raw = await fetch(url, {
-      method: "POST",
-      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
-      body: JSON.stringify({ ...body, stream: true }),
-    });
+    const raw = await postStream(url, body, { key: KEY });
     assert.equal(raw.status, 200);
-    const frames = (await raw.text()).trim().split("\n\n").filter((f) => !f.startsWith(":"));
-    assert.deepEqual(frames.slice(-2).map((f) => f.split("\n")[0]), [
-      "event: response.failed",
-      "event: error",
-    ]);
-    const last = JSON.parse(frames.at(-1)!.split("\n")[1].slice("data: ".length));
+    assert.deepEqual(raw.events.slice(-2).map((e) => e.event), ["response.failed", "error"]);
+    assert.ok(!raw.text.includes("[DONE]"));
+    const last = JSON.parse(raw.events.at(-1)!.data);
     assert.deepEqual([last.type, last.code, last.param], ["error", "invalid_output", null]);
     // Unstreamed, the output is generated again and, failing each time, never returned.
     await assert.rejects(

@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import OpenAI from "openai";
 import { type Json, postJson, runMain, startServer } from "./helpers/server.ts";
+import { poll } from "./helpers/poll.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 
 const CHAT = "Vendor/Vendor3.6-35B-A3B";
@@ -206,9 +207,10 @@ serverTest(
     await Deno.copyFile(`${dir}/two.key`, `${dir}/live.key`);
     await Deno.writeTextFile(keyFile, "\nnew-secret name=newcomer\n", { append: true });
     server.signal("SIGHUP");
-    for (let i = 0; i < 100 && !server.logs.some((l) => l.includes("reloaded TLS certificate")); i++) {
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await poll(
+      "the certificate was reloaded",
+      () => server.logs.some((l) => l.includes("reloaded TLS certificate")),
+    );
     assert.equal(await peerCommonName(), "vserve-two");
     assert.ok((await text).endsWith("data: [DONE]\n\n"), "the stream started before the reload completed");
     const res = await tlsFetch(`${server.url}/v1/models`, {

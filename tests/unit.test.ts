@@ -1,7 +1,8 @@
 /** Unit tests of pure logic: SSE encoding, vector maths, settings precedence, error paths. */
 import assert from "node:assert/strict";
 import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
-import { EventLoopMonitor, Slicer } from "../src/event_loop.ts";
+import { EventLoopMonitor, Slicer, threadClock } from "../src/event_loop.ts";
+import { ManualClock } from "./helpers/clock.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/services/vectors.ts";
 import { Counter } from "../src/metrics.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
@@ -203,72 +204,107 @@ Deno.test("embeddings: a model without Matryoshka support refuses other dimensio
   assert.equal((native.data[0].embedding as number[]).length, 64);
 });
 
-Deno.test("event-loop monitor: a block is a stall; short tasks spread over an idle-rate window are not", async () => {
-  const samples: { stall: number; lag: number; at: number }[] = [];
-  const monitor = new EventLoopMonitor(
-    (stall, lag) => samples.push({ stall, lag, at: performance.now() }),
-    10,
-    300,
-  );
-  const spin = (ms: number) => {
-    const end = performance.now() + ms;
-    while (performance.now() < end) { /* work */ }
-  };
+Deno.test("event-loop monitor: a block is a stall; short tasks spread over an idle-rate window are not", () => {
+  const clock = new ManualClock();
+  const samples: { stall: number; lag: number }[] = [];
+  const monitor = new EventLoopMonitor((stall, lag) => samples.push({ stall, lag }), 10, 300, clock);
   monitor.start();
-  try {
-    // Idle until the ticks are long (300 ms), then 12 slices of 5 ms, 20 ms apart: 60 ms of CPU in
-    // one long window, none of it a block.
-    await new Promise((r) => setTimeout(r, 120));
-    const spreadFrom = performance.now();
-    for (let i = 0; i < 12; i++) {
-      spin(5);
-      await new Promise((r) => setTimeout(r, 15));
-    }
-    await new Promise((r) => setTimeout(r, 350));
-    // The long windows that held the slices (short ones that follow report each slice, a true block).
-    const long = samples.filter((s, i) => s.at > spreadFrom && i > 0 && s.at - samples[i - 1].at > 200);
-    assert.ok(long.length > 0, "a long window closed over the slices");
-    for (const s of long) {
-      assert.ok(s.stall <= s.lag + 0.001, `spread work read as a ${(s.stall * 1000).toFixed(0)} ms stall`);
-    }
-    // A request arrives, then one 120 ms block: a stall of about that, whatever the tick rate.
-    monitor.wake();
-    const blockFrom = performance.now();
-    spin(120);
-    await new Promise((r) => setTimeout(r, 30));
-    const block = Math.max(...samples.filter((s) => s.at > blockFrom).map((s) => s.stall));
-    assert.ok(block >= 0.05, `a 120 ms block read as a ${(block * 1000).toFixed(0)} ms stall`);
-  } finally {
-    monitor.stop();
+  clock.idle(10);
+  assert.deepEqual(clock.scheduled, [10, 300], "an idle first window: long ticks");
+  // 12 slices of 5 ms, 20 ms apart: 60 ms of CPU in one long window, none of it a block.
+  for (let i = 0; i < 12; i++) {
+    clock.run(5);
+    clock.idle(15);
   }
+  clock.idle(60);
+  assert.deepEqual(samples, [{ stall: 0, lag: 0 }, { stall: 0, lag: 0 }], "spread work is no stall");
+  assert.equal(clock.scheduled.at(-1), 10, "a fifth of the window busy: short ticks again");
+  // One 120 ms block: the short tick fires 110 ms late, after 120 ms of CPU.
+  clock.run(120);
+  assert.deepEqual(samples.at(-1), { stall: 0.12, lag: 0.11 });
+  monitor.stop();
+  assert.equal(clock.pending, 0, "stop cancels the timer");
 });
 
-Deno.test("event-loop monitor: short ticks while the thread works, long ones while it idles", async () => {
-  const ticks: number[] = [];
-  const monitor = new EventLoopMonitor(() => ticks.push(performance.now()), 10, 100);
+Deno.test("event-loop monitor: a request ends an idle-rate window, so a block it brings is a stall", () => {
+  const clock = new ManualClock();
+  const samples: { stall: number; lag: number }[] = [];
+  const monitor = new EventLoopMonitor((stall, lag) => samples.push({ stall, lag }), 10, 300, clock);
   monitor.start();
+  clock.idle(100);
+  assert.equal(clock.scheduled.at(-1), 300, "idle: a long tick is due");
+  // Without wake(), a 120 ms block early in a long window ends before its tick is due: no lag, so
+  // the long window reports no stall (it cannot tell a block from spread work).
+  clock.run(120);
+  clock.idle(90);
+  assert.deepEqual(samples.at(-1), { stall: 0, lag: 0 }, "the long tick came on time");
+  assert.equal(clock.scheduled.at(-1), 10, "its window was busy");
+  clock.idle(20);
+  assert.equal(clock.scheduled.at(-1), 300, "idle again");
+  const before = samples.length;
+  monitor.wake();
+  assert.equal(samples.length, before + 1, "wake() closes the long window at once");
+  assert.deepEqual(clock.scheduled.slice(-2), [300, 10], "and the next tick is a short one");
+  clock.run(120);
+  assert.deepEqual(samples.at(-1), { stall: 0.12, lag: 0.11 }, "the block is a stall");
+  const ticks = clock.scheduled.length;
+  monitor.wake();
+  assert.equal(clock.scheduled.length, ticks, "wake() while the ticks are short changes nothing");
+  monitor.stop();
+});
+
+Deno.test("event-loop monitor: short ticks while the thread works, long ones while it idles", () => {
+  const clock = new ManualClock();
+  const monitor = new EventLoopMonitor(() => {}, 10, 100, clock);
+  monitor.start();
+  // Busy: 60% of the time on the thread, in 6 ms slices, for 300 ms.
+  for (let i = 0; i < 30; i++) {
+    clock.run(6);
+    clock.idle(4);
+  }
+  const busy = clock.scheduled.length;
+  assert.ok(busy >= 29, `${busy} ticks in 300 ms of work`);
+  assert.ok(clock.scheduled.every((ms) => ms === 10), "every tick short while the thread works");
+  // Idle: the first window that finds the thread asleep makes the ticks long (10 ms apart: 60).
+  clock.idle(600);
+  assert.deepEqual(clock.scheduled.slice(busy), [100, 100, 100, 100, 100, 100]);
+  monitor.stop();
+});
+
+Deno.test("event-loop monitor: without the thread's CPU time a stall is the lag, and ticks stay short", () => {
+  const clock = new ManualClock({ cpu: false });
+  const samples: { stall: number; lag: number }[] = [];
+  const monitor = new EventLoopMonitor((stall, lag) => samples.push({ stall, lag }), 10, 100, clock);
+  monitor.start();
+  clock.idle(50);
+  clock.run(40);
+  assert.deepEqual(samples.at(-1), { stall: 0.03, lag: 0.03 });
+  assert.ok(clock.scheduled.every((ms) => ms === 10));
+  monitor.stop();
+});
+
+Deno.test("threadClock: the thread's CPU time grows as it works; its timers fire and can be cancelled", async () => {
+  const clock = threadClock();
   try {
-    // Busy: about 60% of the time on the thread, in 6 ms slices.
-    const busyEnd = performance.now() + 300;
-    while (performance.now() < busyEnd) {
-      const sliceEnd = performance.now() + 6;
-      while (performance.now() < sliceEnd) { /* work */ }
-      await new Promise((r) => setTimeout(r, 4));
+    const start = clock.cpuNs();
+    if (start !== undefined) {
+      let now = start;
+      for (let spins = 0; now === start && spins < 1e6; spins++) {
+        for (let i = 0; i < 1000; i++) Math.sqrt(i);
+        now = clock.cpuNs()!;
+      }
+      assert.ok(now > start, "the CPU time grew");
     }
-    const busyTicks = ticks.length;
-    // Idle: 600 ms asleep.
-    await new Promise((r) => setTimeout(r, 600));
-    const idleTicks = ticks.length - busyTicks;
-    assert.ok(busyTicks >= 8, `${busyTicks} ticks in 300 ms of work (10 ms apart: ~30)`);
-    assert.ok(idleTicks <= 12, `${idleTicks} ticks in 600 ms idle (100 ms apart: ~6; 10 ms apart: ~60)`);
-    // A request arrives: the idle window ends at once and short ticks resume.
-    const before = ticks.length;
-    monitor.wake();
-    assert.equal(ticks.length, before + 1, "the idle window is closed by wake()");
-    await new Promise((r) => setTimeout(r, 40));
-    assert.ok(ticks.length - before >= 2, "a short tick after wake() (a long one would come 100 ms later)");
+    const order: string[] = [];
+    const cancelled = clock.schedule(() => order.push("cancelled"), 0);
+    cancelled();
+    // (Its timers do not keep the process alive: this one does, meanwhile.)
+    const alive = setTimeout(() => {}, 60_000);
+    await new Promise<void>((r) => clock.schedule(() => (order.push("fired"), r()), 1));
+    clearTimeout(alive);
+    assert.deepEqual(order, ["fired"]);
   } finally {
-    monitor.stop();
+    clock.close();
   }
 });
 
@@ -297,10 +333,12 @@ Deno.test("slicedJsonResponse: the text of JSON.stringify, in several chunks whe
 
 Deno.test("Slicer: due once a slice is used up; a pause lets timers run and throws once the signal aborts", async () => {
   const controller = new AbortController();
-  const slices = new Slicer(5, controller.signal);
+  let now = 1000;
+  const slices = new Slicer(5, controller.signal, () => now);
   assert.equal(slices.due, false);
-  const end = performance.now() + 6;
-  while (performance.now() < end) { /* a slice of work */ }
+  now += 4.9;
+  assert.equal(slices.due, false);
+  now += 0.1;
   assert.equal(slices.due, true);
   let fired = false;
   setTimeout(() => (fired = true), 0);

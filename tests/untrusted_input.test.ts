@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
+import { longEventLoopStalls } from "./helpers/metrics.ts";
 
 const KEY = "test-key";
 const CHAT = "vserve/tiny-chat";
@@ -15,20 +16,11 @@ globalThis.addEventListener("unload", () => void server.stop());
 const url = (path: string) => `${server.url}${path}`;
 const auth = { authorization: `Bearer ${KEY}` };
 
-/** Event-loop stalls over 50 ms so far (the server's own CPU-time-based histogram). */
-async function stallsOver50ms(): Promise<number> {
-  const text = await (await fetch(url("/metrics"))).text();
-  const read = (series: string) =>
-    Number(text.split("\n").find((l) => l.startsWith(series))!.split(" ").at(-1));
-  return read("vserve_event_loop_stall_seconds_count") -
-    read('vserve_event_loop_stall_seconds_bucket{le="0.05"}');
-}
-
 /**
  * Probes `/health` from a worker (this thread builds large bodies) until stopped; `answered()` says
  * how many answers came so far.
  */
-async function healthProbe(): Promise<{ answered(): number; stop(): void }> {
+async function healthProbe(): Promise<{ answered(): number; stop(): Promise<void> }> {
   const code = `
     let stopped = false;
     self.onmessage = () => void (stopped = true);
@@ -37,13 +29,17 @@ async function healthProbe(): Promise<{ answered(): number; stop(): void }> {
       await res.body?.cancel();
       self.postMessage("answer");
       await new Promise((r) => setTimeout(r, 5));
-    }`;
+    }
+    self.postMessage("stopped");`;
   const worker = new Worker(URL.createObjectURL(new Blob([code], { type: "text/javascript" })), {
     type: "module",
   });
   let answers = 0;
+  let stopped!: () => void;
+  const ended = new Promise<void>((resolve) => (stopped = resolve));
   const first = new Promise<void>((resolve) => {
-    worker.onmessage = () => {
+    worker.onmessage = (e) => {
+      if (e.data === "stopped") return stopped();
       answers++;
       resolve();
     };
@@ -51,9 +47,10 @@ async function healthProbe(): Promise<{ answered(): number; stop(): void }> {
   await first;
   return {
     answered: () => answers,
-    stop: () => {
+    stop: async () => {
       worker.postMessage("stop");
-      setTimeout(() => worker.terminate(), 200);
+      await ended;
+      worker.terminate();
     },
   };
 }
@@ -77,7 +74,7 @@ async function timedPost(path: string, body: unknown, probe: { answered(): numbe
 serverTest(
   "10,000 messages: a 400 naming messages; /health answers while long histories are counted",
   async () => {
-    const stallsBefore = await stallsOver50ms();
+    const stallsBefore = await longEventLoopStalls(server.url);
     const probe = await healthProbe();
     try {
       // Refused before rendering: 4 tokens a message at least, 40,000 past the 32k context.
@@ -98,9 +95,13 @@ serverTest(
         `${counted.answersMeanwhile} /health answers during /tokenize`,
       );
     } finally {
-      probe.stop();
+      await probe.stop();
     }
-    assert.equal(await stallsOver50ms() - stallsBefore, 0, "the event loop was held over 50 ms");
+    assert.equal(
+      await longEventLoopStalls(server.url) - stallsBefore,
+      0,
+      "the event loop was held for a quarter of a second",
+    );
     // Past 16,384 messages the request is refused before its messages are validated. (Not in the
     // window above: parsing a 4.5 MB body of 100,000 objects is one block of its own.)
     const many = await postJson(

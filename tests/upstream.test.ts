@@ -3,25 +3,22 @@
  * front of real vserve processes and fault-injecting stand-ins, all on loopback.
  */
 import assert from "node:assert/strict";
-import { type Json, postJson, startServer, type TestServer } from "./helpers/server.ts";
+import { type Json, postJson, startServer, type TestServer, writeJsonFile } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { standInVector, startBlackHole, startStandIn } from "./helpers/standin.ts";
+import { postStream } from "./helpers/sse.ts";
+import { scrapeMetrics } from "./helpers/metrics.ts";
+import { poll, settles } from "./helpers/poll.ts";
 import { base64ToFloat32, truncateAndNormalize } from "../src/services/vectors.ts";
 
 const KEY = "gw-key";
 const UP_KEY = "up-key";
 const user = [{ role: "user", content: "Say something" }];
 
-async function writeJson(value: unknown): Promise<string> {
-  const path = await Deno.makeTempFile({ suffix: ".json" });
-  await Deno.writeTextFile(path, JSON.stringify(value));
-  return path;
-}
-
 // ---- the upstreams: two vserve processes on the built-in tiny models, four stand-ins ----
 
 const upstreamRegistry = (embed: boolean) =>
-  writeJson({
+  writeJsonFile({
     models: [
       { id: "vserve/tiny-chat", kind: "chat", source: "builtin:tiny-chat", contextSize: 4096, parallel: 4 },
       ...(embed ? [{ id: "vserve/tiny-embed", kind: "embedding", source: "builtin:tiny-embed" }] : []),
@@ -38,7 +35,7 @@ const [s1, s2, s3, s4, s5] = [startStandIn(), startStandIn(), startStandIn(), st
 const hole = await startBlackHole();
 
 const fast = { connectTimeoutMs: 200, firstByteTimeoutMs: 400 };
-const gatewayRegistry = await writeJson({
+const gatewayRegistry = await writeJsonFile({
   models: [
     {
       id: "gw/chat",
@@ -178,43 +175,21 @@ globalThis.addEventListener("unload", () => {
 const chatUrl = `${gw.url}/v1/chat/completions`;
 const post = (body: unknown, headers: Record<string, string> = {}) => postJson(chatUrl, body, KEY, headers);
 
+/** The events of a streamed request (which must answer 200), `[DONE]` kept as the string. */
 async function streamEvents(url: string, key: string, body: unknown): Promise<Json[]> {
-  const res = await fetch(url, {
-    method: "POST",
-    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
-    body: JSON.stringify({ ...body as object, stream: true }),
-    signal: AbortSignal.timeout(30_000),
-  });
-  assert.equal(res.status, 200, await res.clone().text());
-  const text = await res.text();
-  return text.split("\n\n").filter((e) => e.startsWith("data: ")).map((e) => {
-    const data = e.slice(6);
-    return data === "[DONE]" ? "[DONE]" : JSON.parse(data);
-  });
-}
-
-async function until(what: string, check: () => Promise<boolean> | boolean, ms = 10_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
+  const res = await postStream(url, body as Record<string, unknown>, { key });
+  assert.equal(res.status, 200, res.text);
+  return res.data;
 }
 
 const health = async () => await (await fetch(`${gw.url}/health`)).json();
 const upstreamState = async (model: string, name: string) =>
   (await health()).models.find((m: Json) => m.id === model).upstreams.find((u: Json) => u.name === name)
     .state;
-const metrics = async () => await (await fetch(`${gw.url}/metrics`)).text();
+const metrics = () => scrapeMetrics(gw.url);
 const modelStatus = async (id: string) =>
   (await (await fetch(`${gw.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } })).json())
     .data.find((m: Json) => m.id === id).status;
-/** The value of one series of /metrics (0 when absent). */
-function series(text: string, name: string, labels: Record<string, string>): number {
-  const want = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
-  const line = text.split("\n").find((l) => l.startsWith(`${name}{`) && want.every((w) => l.includes(w)));
-  return line ? Number(line.split(" ").pop()) : 0;
-}
 
 // ---- pass-through ----
 
@@ -386,7 +361,7 @@ serverTest("upstream error bodies of any shape become OpenAI errors with our mod
 
 serverTest("a request that fails before its first byte is retried once on another upstream", async () => {
   s1.requests.length = 0;
-  const before = series(await metrics(), "vserve_upstream_retries_total", { model: "gw/retry" });
+  const before = (await metrics()).counter("vserve_upstream_retries_total", { model: "gw/retry" });
   const results = [
     await post({ model: "gw/retry", messages: user }),
     await post({ model: "gw/retry", messages: user }),
@@ -397,8 +372,8 @@ serverTest("a request that fails before its first byte is retried once on anothe
   assert.ok(!streamed.some((e) => e.error), "no error event");
   const hung = s1.requests.filter((r) => r.model === "hang");
   assert.ok(hung.length >= 2, `the hanging upstream was tried (${hung.length})`);
-  await until("the hanging requests were aborted", () => hung.every((r) => r.aborted), 2000);
-  const after = series(await metrics(), "vserve_upstream_retries_total", { model: "gw/retry" });
+  await poll("the hanging requests were aborted", () => hung.every((r) => r.aborted));
+  const after = (await metrics()).counter("vserve_upstream_retries_total", { model: "gw/retry" });
   assert.ok(after - before >= 2, `retries counted: ${before} → ${after}`);
 });
 
@@ -406,15 +381,20 @@ serverTest(
   "an upstream that takes no TCP connection within connectTimeoutMs fails before its first byte: retried elsewhere, or 502 at once",
   async () => {
     const silentFailures = async (model: string) =>
-      series(await metrics(), "vserve_upstream_requests_total", {
+      (await metrics()).counter("vserve_upstream_requests_total", {
         model,
         upstream: "silent",
         outcome: "failed",
       });
     const before = await silentFailures("gw/noconnect");
-    const times: number[] = [];
+    // The connect timeout (300 ms) gives the upstream up, not the 30 s first-byte limit: the log
+    // names the cause (how long it takes is the benchmark's business).
+    const gaveUp = (model: string) =>
+      gw.logs.filter((l) =>
+        l.includes(`"model":"${model}"`) && l.includes('"upstream":"silent"') &&
+        l.includes("(connect timeout)")
+      );
     for (const stream of [false, true]) {
-      const started = performance.now();
       if (stream) {
         const events = await streamEvents(chatUrl, KEY, { model: "gw/noconnect", messages: user });
         assert.equal(events.at(-1), "[DONE]");
@@ -424,29 +404,19 @@ serverTest(
         assert.equal(r.status, 200, JSON.stringify(r.body));
         assert.equal(r.body.choices[0].message.content, "Hello world");
       }
-      times.push(performance.now() - started);
-      // Connect timeout (300 ms) + the connect check (300 ms) + the retry; not the 30 s first-byte limit.
-      assert.ok(times.at(-1)! < 10_000, `answered in ${times.at(-1)!.toFixed(0)} ms`);
     }
     assert.ok(await silentFailures("gw/noconnect") - before >= 2, "the silent upstream was tried first");
     assert.ok(
-      gw.logs.some((l) =>
-        l.includes('"model":"gw/noconnect"') && l.includes('"upstream":"silent"') &&
-        l.includes("(connect timeout)") && l.includes('"retry_on":"answers"')
-      ),
-      "the log says why it was given up",
+      gaveUp("gw/noconnect").filter((l) => l.includes('"retry_on":"answers"')).length >= 2,
+      "the log says why it was given up, and where the request went",
     );
 
-    const started = performance.now();
     const alone = await post({ model: "gw/noconnect-only", messages: user });
-    times.push(performance.now() - started);
     assertApiError(alone, 502, { type: "server_error", code: "upstream_error" });
-    assert.ok(times[2] < 10_000, `502 in ${times[2].toFixed(0)} ms`);
     assert.ok(!JSON.stringify(alone.body).includes(String(hole.port)), "the body does not name the upstream");
-    const [whole, streamed, failed] = times.map((t) => t.toFixed(0));
-    console.log(
-      `connect timeout 300 ms (a full listen queue of ${hole.held}): answered by the spare upstream in ` +
-        `${whole} ms (${streamed} ms streamed); with no spare, 502 in ${failed} ms`,
+    assert.ok(
+      gaveUp("gw/noconnect-only").length >= 1,
+      gw.logs.filter((l) => l.includes("noconnect-only")).join("\n"),
     );
   },
 );
@@ -476,7 +446,7 @@ serverTest("a client disconnect cancels the upstream request at once", async () 
   for (let got = 0; got < 3;) if ((await reader.read()).value) got++;
   controller.abort();
   await reader.cancel().catch(() => {});
-  await until("the upstream saw the stream's abort", () => s1.requests.at(-1)?.aborted === true, 2000);
+  await poll("the upstream saw the stream's abort", () => s1.requests.at(-1)?.aborted === true);
 
   const again = new AbortController();
   const pending = fetch(chatUrl, {
@@ -485,14 +455,13 @@ serverTest("a client disconnect cancels the upstream request at once", async () 
     body: JSON.stringify({ model: "gw/slow", messages: user }),
     signal: again.signal,
   }).catch(() => null);
-  await until("the upstream got the request", () => s1.requests.length === 2, 2000);
+  await poll("the upstream got the request", () => s1.requests.length === 2);
   again.abort();
   await pending;
-  await until("the upstream saw the non-streamed request's abort", () => s1.requests[1].aborted, 2000);
-  await until(
+  await poll("the upstream saw the non-streamed request's abort", () => s1.requests[1].aborted);
+  await poll(
     "the in-flight gauge is back to 0",
-    async () => series(await metrics(), "vserve_upstream_in_flight", { model: "gw/slow" }) === 0,
-    2000,
+    async () => (await metrics()).value("vserve_upstream_in_flight", { model: "gw/slow" }) === 0,
   );
 });
 
@@ -571,17 +540,16 @@ serverTest(
     }
     assert.equal(await upstreamState("gw/eject", "flaky"), "ejected");
     const text = await metrics();
-    assert.ok(series(text, "vserve_upstream_ejections_total", { model: "gw/eject", upstream: "flaky" }) >= 1);
-    assert.equal(series(text, "vserve_upstream_state", { model: "gw/eject", upstream: "flaky" }), -2);
+    assert.ok(text.counter("vserve_upstream_ejections_total", { model: "gw/eject", upstream: "flaky" }) >= 1);
+    assert.equal(text.value("vserve_upstream_state", { model: "gw/eject", upstream: "flaky" }), -2);
     assert.ok(
       gw.logs.some((l) => l.includes('"msg":"upstream ejected"') && l.includes('"upstream":"flaky"')),
     );
     s3.requests.length = 0;
     s3.restart();
-    await until(
+    await poll(
       "the flaky upstream is back",
       async () => await upstreamState("gw/eject", "flaky") === "healthy",
-      5000,
     );
     for (let i = 0; i < 4; i++) {
       assert.equal((await post({ model: "gw/eject", messages: user })).status, 200);
@@ -595,7 +563,7 @@ serverTest(
   async () => {
     s4.healthy = false;
     try {
-      await until(
+      await poll(
         "the upstream is unhealthy",
         async () => await upstreamState("gw/health", "checked") === "unhealthy",
       );
@@ -612,14 +580,14 @@ serverTest(
       })).json();
       assert.equal(one.status, "unavailable");
       assert.equal((await health()).models.find((m: Json) => m.id === "gw/health").status, "unavailable");
-      assert.equal(series(await metrics(), "vserve_upstream_state", { model: "gw/health" }), -1);
+      assert.equal((await metrics()).value("vserve_upstream_state", { model: "gw/health" }), -1);
       assertApiError(await post({ model: "gw/health", messages: user }), 503, {
         code: "no_upstream_available",
       });
     } finally {
       s4.healthy = true;
     }
-    await until("ready again", async () => {
+    await poll("ready again", async () => {
       const r = await fetch(`${gw.url}/health/ready`);
       await r.body?.cancel();
       return r.status === 200;
@@ -633,7 +601,7 @@ serverTest(
   "an ejected upstream whose health check passes is readmitted on trial at once, not after its back-off",
   async () => {
     const ejections = async () =>
-      series(await metrics(), "vserve_upstream_ejections_total", { model: "gw/readmit", upstream: "back" });
+      (await metrics()).counter("vserve_upstream_ejections_total", { model: "gw/readmit", upstream: "back" });
     const served = () => s5.requests.length;
     /** Posts (each answered, by the spare if need be) until `done` holds; at most `max` requests. */
     const postUntil = async (what: string, done: () => Promise<boolean> | boolean, max = 10) => {
@@ -648,14 +616,14 @@ serverTest(
     try {
       await postUntil("ejected", async () => await ejections() === start + 1);
       // Its health check passes: readmitted long before the 600 s back-off ends.
-      await until("readmitted", async () => await upstreamState("gw/readmit", "back") === "healthy");
+      await poll("readmitted", async () => await upstreamState("gw/readmit", "back") === "healthy");
       // On trial: the first request it takes fails, and it is ejected again at once.
       const before = served();
       await postUntil("ejected again", async () => await ejections() === start + 2);
       assert.equal(served(), before + 1, "one trial request");
       // Its checks pass while its requests fail: they no longer readmit it.
       const checks = s5.healthChecks;
-      await until("five more health checks", () => s5.healthChecks >= checks + 5);
+      await poll("five more health checks", () => s5.healthChecks >= checks + 5);
       assert.equal(await upstreamState("gw/readmit", "back"), "ejected");
       assert.equal(await modelStatus("gw/readmit"), "degraded");
       for (let i = 0; i < 4; i++) {
@@ -665,20 +633,20 @@ serverTest(
       // It goes down (a failing check) and comes back: its next passing check readmits it.
       s5.healthy = false;
       const down = s5.healthChecks;
-      await until("two failing health checks", () => s5.healthChecks >= down + 2);
+      await poll("two failing health checks", () => s5.healthChecks >= down + 2);
     } finally {
       s5.failing = false;
       s5.healthy = true;
     }
-    await until("readmitted again", async () => await upstreamState("gw/readmit", "back") === "healthy");
-    const okBefore = series(await metrics(), "vserve_upstream_requests_total", {
+    await poll("readmitted again", async () => await upstreamState("gw/readmit", "back") === "healthy");
+    const okBefore = (await metrics()).counter("vserve_upstream_requests_total", {
       model: "gw/readmit",
       upstream: "back",
       outcome: "ok",
     });
     const before = served();
     await postUntil("served by it", () => served() > before);
-    const okAfter = series(await metrics(), "vserve_upstream_requests_total", {
+    const okAfter = (await metrics()).counter("vserve_upstream_requests_total", {
       model: "gw/readmit",
       upstream: "back",
       outcome: "ok",
@@ -732,11 +700,7 @@ serverTest(
             void (u2 = s)
           );
         }
-        const outcome = await Promise.race([
-          one(i),
-          new Promise<string>((r) => setTimeout(() => r("hung"), 30_000)),
-        ]);
-        outcomes.push(outcome);
+        outcomes.push(await settles(`request ${i} was answered`, one(i)));
       }
     };
     await Promise.all(Array.from({ length: 12 }, worker));
@@ -755,12 +719,11 @@ serverTest(
       ),
       "the killed upstream was taken out",
     );
-    await until(
+    await poll(
       "the killed upstream is back",
       async () => await upstreamState("gw/fleet", "b") === "healthy",
-      20_000,
     );
-    const before = series(await metrics(), "vserve_upstream_requests_total", {
+    const before = (await metrics()).counter("vserve_upstream_requests_total", {
       model: "gw/fleet",
       upstream: "b",
       outcome: "ok",
@@ -772,7 +735,7 @@ serverTest(
       ),
     );
     const text = await metrics();
-    const after = series(text, "vserve_upstream_requests_total", {
+    const after = text.counter("vserve_upstream_requests_total", {
       model: "gw/fleet",
       upstream: "b",
       outcome: "ok",
@@ -780,9 +743,9 @@ serverTest(
     assert.ok(after > before, "the restarted upstream serves again");
     const spread = ["a", "b", "c"].map((u) =>
       `${u}: ${
-        series(text, "vserve_upstream_requests_total", { model: "gw/fleet", upstream: u, outcome: "ok" })
+        text.counter("vserve_upstream_requests_total", { model: "gw/fleet", upstream: u, outcome: "ok" })
       } ok, ${
-        series(text, "vserve_upstream_requests_total", { model: "gw/fleet", upstream: u, outcome: "failed" })
+        text.counter("vserve_upstream_requests_total", { model: "gw/fleet", upstream: u, outcome: "failed" })
       } failed`
     );
     console.log(`kill/restart run: ${JSON.stringify(counts)}; per upstream: ${spread.join("; ")}`);
@@ -802,20 +765,20 @@ serverTest("/v1/models and /metrics report each upstream", async () => {
   assert.deepEqual(entry.upstreams, [{ name: "vserve-1", state: "healthy", in_flight: 0, failures: 0 }]);
   const text = await metrics();
   assert.ok(
-    series(text, "vserve_upstream_requests_total", {
+    text.counter("vserve_upstream_requests_total", {
       model: "gw/chat",
       upstream: "vserve-1",
       outcome: "ok",
     }) >= 2,
   );
-  assert.ok(
-    text.includes('vserve_upstream_first_byte_seconds_bucket{model="gw/chat",upstream="vserve-1",le="0.5"}'),
+  const series = { model: "gw/chat", upstream: "vserve-1" };
+  assert.notEqual(
+    text.find("vserve_upstream_first_byte_seconds_bucket", { ...series, le: "0.5" }),
+    undefined,
   );
-  assert.ok(
-    text.includes('vserve_upstream_request_duration_seconds_count{model="gw/chat",upstream="vserve-1"}'),
-  );
-  assert.ok(text.includes('vserve_upstream_in_flight{model="gw/chat",upstream="vserve-1"} 0'));
-  assert.ok(!text.includes(u1.url), "no upstream URL in the metrics");
+  assert.ok(text.value("vserve_upstream_request_duration_seconds_count", series) >= 2);
+  assert.equal(text.value("vserve_upstream_in_flight", series), 0);
+  assert.ok(!text.text.includes(u1.url), "no upstream URL in the metrics");
 });
 
 serverTest(
@@ -916,7 +879,7 @@ serverTest(
   "legacy completions to upstreams that do not serve them: 400 unsupported_for_upstream_model, the upstream not failed",
   async () => {
     const count = async (outcome: string) =>
-      series(await metrics(), "vserve_upstream_requests_total", { model: "gw/think", outcome });
+      (await metrics()).counter("vserve_upstream_requests_total", { model: "gw/think", outcome });
     const [failed, rejected] = [await count("failed"), await count("rejected")];
     for (const stream of [false, true]) {
       const res = await postJson(`${gw.url}/v1/completions`, {
@@ -972,7 +935,7 @@ serverTest(
       await res.text();
       const held = s1.requests.findLast((r) => r.headers.get("x-request-id") === id)!.heldMs!;
       let line: Json;
-      await until("the access log line", () => {
+      await poll("the access log line", () => {
         const text = gw.logs.find((l) => l.includes('"msg":"request"') && l.includes(`"request_id":"${id}"`));
         line = text && JSON.parse(text);
         return line !== undefined;
@@ -992,7 +955,7 @@ serverTest(
   "a stream that stalls mid-way ends after streamIdleTimeoutMs: error event and [DONE], upstream aborted, failure counted",
   async () => {
     const failed = async () =>
-      series(await metrics(), "vserve_upstream_requests_total", {
+      (await metrics()).counter("vserve_upstream_requests_total", {
         model: "gw/stall",
         upstream: "stalls",
         outcome: "failed",
@@ -1006,7 +969,7 @@ serverTest(
     const error = events.at(-2);
     assert.equal(error.error.code, "upstream_timeout");
     assert.equal(error.error.type, "timeout_error");
-    await until("the upstream saw the abort", () => s1.requests[0]?.aborted === true, 5000);
+    await poll("the upstream saw the abort", () => s1.requests[0]?.aborted === true);
     assert.equal(await failed(), before + 1, "counted as a failed request");
     assert.ok(
       gw.logs.some((l) => l.includes('"model":"gw/stall"') && l.includes("stream idle timeout")),
@@ -1014,13 +977,13 @@ serverTest(
     );
     // Without streaming the client has nothing yet: a plain 504.
     assertApiError(await post({ model: "gw/stall", messages: user }), 504, { code: "upstream_timeout" });
-    await until("the second upstream request was aborted", () => s1.requests[1]?.aborted === true, 5000);
+    await poll("the second upstream request was aborted", () => s1.requests[1]?.aborted === true);
     assert.equal(await failed(), before + 2);
   },
 );
 
 serverTest("SIGTERM lets an upstream stream finish", async () => {
-  const registry = await writeJson({
+  const registry = await writeJsonFile({
     models: [{
       id: "gw/slowish",
       kind: "chat",

@@ -76,8 +76,8 @@ export class ComputeClient {
    *
    * @example
    * ```ts
-   * const client = share.client("chat", 1);
-   * await client.run(() => lib.symbols.llama_decode(ctx, batch));
+   * const client = new ComputeShare().client("chat", 1);
+   * await client.run(async () => 42); // 42, once it is this model's turn
    * ```
    */
   run<T>(work: () => Promise<T>): Promise<T> {
@@ -103,7 +103,8 @@ export class ComputeClient {
  * const share = new ComputeShare();
  * const chat = share.client("chat", 1);
  * const embed = share.client("embed", 1);
- * await Promise.all([chat.run(decodeChat), embed.run(decodeEmbed)]);
+ * const step = (name: string) => async () => name; // a decode
+ * await Promise.all([chat.run(step("chat")), embed.run(step("embed"))]);
  * ```
  */
 export class ComputeShare {

@@ -18,6 +18,7 @@ import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
 import { openUpstreamEngine } from "../upstream/load.ts";
+import { VERSION_INFO } from "../version.ts";
 import type { ComputeShare } from "./compute_share.ts";
 
 /**
@@ -45,7 +46,9 @@ export async function loadEngine(
   report({
     system_fingerprint: await modelFingerprint(
       path,
-      spec.backend === "onnx" ? "onnxruntime-1.30.0" : "llamacpp-v0.4.0",
+      spec.backend === "onnx"
+        ? `onnxruntime-${VERSION_INFO.engines["onnxruntime-node"]}`
+        : `llamacpp-${VERSION_INFO.engines["llama.cpp"]}`,
     ),
   });
   const threads = engineThreads(spec.threads ?? config.threads);
@@ -265,7 +268,11 @@ async function modelFingerprint(path: string, engine: string): Promise<string> {
  *
  * @example
  * ```ts
- * const devices = await planDevices(config, log);
+ * import type { Config } from "../config.ts";
+ * import { silentLogger } from "../log.ts";
+ * async function devicesFor(config: Config) {
+ *   return await planDevices(config, silentLogger); // [...GPUs, host memory]
+ * }
  * ```
  */
 export async function planDevices(config: Config, log: Logger): Promise<PlanDevice[]> {

@@ -37,7 +37,8 @@ export function plainKey(secret: string): ApiKey {
  *
  * @example
  * ```ts
- * parseKeyFile("sha256:9f86…0a08 name=ci models=Vendor/Vendor3-Embedding-8B rpm=60", "keys");
+ * // The key "test", stored as its SHA-256.
+ * parseKeyFile("sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 name=ci rpm=60", "keys");
  * ```
  */
 export function parseKeyFile(text: string, origin: string): ApiKey[] {
@@ -100,7 +101,9 @@ export class KeyRing {
    *
    * @example
    * ```ts
-   * const key = ring.authorize(req.headers.get("authorization"), req.headers.get("x-api-key"));
+   * function caller(ring: KeyRing, req: Request) {
+   *   return ring.authorize(req.headers.get("authorization"), req.headers.get("x-api-key"));
+   * }
    * ```
    */
   authorize(header: string | null, apiKey: string | null = null): ApiKey | undefined {

@@ -8,7 +8,12 @@ import { abortedError, ApiError, badRequest } from "./errors.ts";
  *
  * @example
  * ```ts
- * const body = await readJsonBody(req, 8 * 1024 * 1024);
+ * const req = new Request("http://localhost/v1/embeddings", {
+ *   method: "POST",
+ *   headers: { "content-type": "application/json" },
+ *   body: '{"input":"hi"}',
+ * });
+ * const body = await readJsonBody(req, 8 * 1024 * 1024); // { input: "hi" }
  * ```
  */
 export async function readJsonBody(req: Request, limitBytes: number, timeoutMs = 0): Promise<unknown> {

@@ -85,8 +85,10 @@ export class ConnectionWatch {
    *
    * @example
    * ```ts
-   * const watch = ConnectionWatch.open(8080, 60_000);
-   * const untrack = watch?.track(info.remoteAddr, () => controller.abort());
+   * function watch(info: Deno.ServeHandlerInfo<Deno.NetAddr>, controller: AbortController) {
+   *   const watch = ConnectionWatch.open(8080, 60_000);
+   *   return watch?.track(info.remoteAddr, () => controller.abort());
+   * }
    * ```
    */
   static open(port: number, idleMs: number): ConnectionWatch | null {

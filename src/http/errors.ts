@@ -26,7 +26,8 @@ export interface ErrorBody {
  *
  * @example
  * ```ts
- * throw new ApiError(400, "invalid_request_error", "dimensions must be 32..4096", "dimensions");
+ * const e = new ApiError(400, "invalid_request_error", "dimensions must be 32..4096", "dimensions");
+ * e.toBody(); // { error: { message: "dimensions must be 32..4096", type: "invalid_request_error", param: "dimensions", code: null } }
  * ```
  */
 export class ApiError extends Error {
@@ -83,8 +84,9 @@ export function formatPath(path: readonly PropertyKey[]): string | null {
  *
  * @example
  * ```ts
- * const r = schema.safeParse(body);
- * if (!r.success) throw fromZodError(r.error);
+ * import { z } from "zod";
+ * const r = z.object({ dimensions: z.number() }).safeParse({ dimensions: "32" });
+ * if (!r.success) fromZodError(r.error).param; // "dimensions"
  * ```
  */
 export function fromZodError(error: z.ZodError): ApiError {
@@ -122,7 +124,9 @@ export function jsonResponse(
  *
  * @example
  * ```ts
- * return slicedJsonResponse({ object: "list", data: items, model }, "data", { signal });
+ * const items = Array.from({ length: 100 }, (_, i) => ({ index: i }));
+ * const res = slicedJsonResponse({ object: "list", data: items, model: "m" }, "data");
+ * await res.text(); // the text of JSON.stringify, written a slice at a time
  * ```
  */
 export function slicedJsonResponse<T extends object>(

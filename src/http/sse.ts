@@ -32,7 +32,11 @@ export function sseComment(text: string): Uint8Array {
  *
  * @example
  * ```ts
- * new Response(sseStream(chunks()), { headers: SSE_HEADERS });
+ * async function* chunks() {
+ *   yield { n: 1 };
+ * }
+ * const res = new Response(sseStream(chunks()), { headers: SSE_HEADERS });
+ * await res.text(); // 'data: {"n":1}\n\ndata: [DONE]\n\n'
  * ```
  */
 export function sseStream<T>(

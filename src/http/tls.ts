@@ -13,7 +13,9 @@ export interface TlsFiles {
  *
  * @example
  * ```ts
- * const tls = await readTlsFiles("/etc/vserve/cert.pem", "/etc/vserve/key.pem");
+ * async function load() {
+ *   return await readTlsFiles("/etc/vserve/cert.pem", "/etc/vserve/key.pem");
+ * }
  * ```
  */
 export async function readTlsFiles(certPath: string, keyPath: string): Promise<TlsFiles> {

@@ -170,7 +170,9 @@ function produceChunk(t: TensorSpec, start: number, count: number): Uint8Array {
  *
  * @example
  * ```ts
- * await writeGguf("m.gguf", { "general.architecture": { type: "string", value: "qwen3" } }, tensors);
+ * async function write(tensors: TensorSpec[]) {
+ *   await writeGguf("m.gguf", { "general.architecture": { type: "string", value: "qwen3" } }, tensors);
+ * }
  * ```
  */
 export async function writeGguf(
@@ -206,7 +208,9 @@ export async function writeGguf(
  *
  * @example
  * ```ts
- * await writeGgufHeaderOnly("shape.gguf", metadata, tensors);
+ * async function writeShape(path: string, metadata: Record<string, MetaValue>, tensors: TensorSpec[]) {
+ *   await writeGgufHeaderOnly(path, metadata, tensors); // a header; the data is a hole
+ * }
  * ```
  */
 export async function writeGgufHeaderOnly(

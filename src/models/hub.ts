@@ -32,7 +32,10 @@ export function hubCachePath(cacheDir: string, ref: HubRef): string {
  *
  * @example
  * ```ts
- * const path = await fetchFromHub("hf:org/repo/model.gguf", { hubUrl, cacheDir, log });
+ * import type { Logger } from "../log.ts";
+ * async function download(hubUrl: string, cacheDir: string, log: Logger) {
+ *   return await fetchFromHub("hf:org/repo/model.gguf", { hubUrl, cacheDir, log });
+ * }
  * ```
  */
 export async function fetchFromHub(

@@ -8,7 +8,7 @@ import type { onnx as Onnx } from "onnx-proto";
 
 const { onnx } = onnxProto;
 import { loadQwen3Vocab } from "./qwen3_vocab.ts";
-import { mulberry32 } from "./weights.ts";
+import { mulberry32 } from "../random.ts";
 
 /** The shape of a generated ONNX model. */
 export interface OnnxPreset {

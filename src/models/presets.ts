@@ -157,7 +157,9 @@ export const PRESETS: Record<string, Preset> = {
  *
  * @example
  * ```ts
- * await writePresetGguf("tiny-chat", "models/cache/builtin/tiny-chat.gguf");
+ * async function generate() {
+ *   await writePresetGguf("tiny-chat", "models/cache/builtin/tiny-chat.gguf");
+ * }
  * ```
  */
 export async function writePresetGguf(name: string, path: string): Promise<void> {

@@ -157,8 +157,12 @@ function qwen35moeTensors(p: Qwen35MoePreset, vocab: Qwen3Vocab): TensorSpec[] {
  *
  * @example
  * ```ts
- * const { metadata, tensors } = qwen35moeGguf("tiny-moe", PRESETS["tiny-moe"], await loadQwen3Vocab());
- * await writeGguf("tiny-moe.gguf", metadata, tensors);
+ * import { loadQwen3Vocab } from "./qwen3_vocab.ts";
+ * import { writeGguf } from "./gguf_writer.ts";
+ * async function write(preset: Qwen35MoePreset) {
+ *   const { metadata, tensors } = qwen35moeGguf("tiny-moe", preset, await loadQwen3Vocab());
+ *   await writeGguf("tiny-moe.gguf", metadata, tensors);
+ * }
  * ```
  */
 export function qwen35moeGguf(

@@ -73,8 +73,12 @@ function qwen3Tensors(p: Qwen3Preset, vocab: Qwen3Vocab): TensorSpec[] {
  *
  * @example
  * ```ts
- * const { metadata, tensors } = qwen3Gguf("tiny-chat", PRESETS["tiny-chat"], await loadQwen3Vocab());
- * await writeGguf("tiny-chat.gguf", metadata, tensors);
+ * import { loadQwen3Vocab } from "./qwen3_vocab.ts";
+ * import { writeGguf } from "./gguf_writer.ts";
+ * async function write(preset: Qwen3Preset) {
+ *   const { metadata, tensors } = qwen3Gguf("tiny-chat", preset, await loadQwen3Vocab());
+ *   await writeGguf("tiny-chat.gguf", metadata, tensors);
+ * }
  * ```
  */
 export function qwen3Gguf(

@@ -111,8 +111,10 @@ export interface TokenizerOptions {
  *
  * @example
  * ```ts
- * const vocab = await loadQwen3Vocab();
- * const meta = tokenizerMetadata(vocab, { eos: vocab.imEnd, chatTemplate: vocab.chatTemplate });
+ * async function metadata() {
+ *   const vocab = await loadQwen3Vocab();
+ *   return tokenizerMetadata(vocab, { eos: vocab.imEnd, chatTemplate: vocab.chatTemplate });
+ * }
  * ```
  */
 export function tokenizerMetadata(vocab: Qwen3Vocab, opts: TokenizerOptions): Record<string, MetaValue> {

@@ -3,39 +3,7 @@
  * tensors and a direct Q8_0 block writer for the large quantised ones.
  */
 import type { BlockFill, FloatFill, TensorSpec, TensorType } from "./gguf_writer.ts";
-
-/**
- * A small fast PRNG (mulberry32); the same seed gives the same stream everywhere.
- *
- * @example
- * ```ts
- * const rand = mulberry32(42);
- * rand(); // a float in [0, 1)
- * ```
- */
-export function mulberry32(seed: number): () => number {
-  const next = mulberry32u(seed);
-  return () => next() / 4294967296;
-}
-
-/**
- * The raw 32-bit stream of {@link mulberry32}.
- *
- * @example
- * ```ts
- * const word = mulberry32u(42)(); // an integer in [0, 2^32)
- * ```
- */
-export function mulberry32u(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return (t ^ (t >>> 14)) >>> 0;
-  };
-}
+import { mulberry32, mulberry32u } from "../random.ts";
 
 /**
  * A 32-bit FNV-1a hash, to derive one seed per tensor name.
@@ -91,6 +59,7 @@ const INT8_STD = Math.sqrt((127 * 128) / 3);
  *
  * @example
  * ```ts
+ * import type { TensorSpec } from "./gguf_writer.ts";
  * const t: TensorSpec = { name: "w", dims: [64, 8], type: "Q8_0", encode: q8Noise(1, "w", 0.1, 64) };
  * ```
  */

@@ -18,7 +18,11 @@ export type DeviceFinder = (config: Config) => Promise<PlanDevice[]>;
  *
  * @example
  * ```ts
- * Deno.exit(await planCommand(specs, config, devices));
+ * import type { Config } from "../config.ts";
+ * import type { ModelSpec } from "../registry.ts";
+ * async function plan(specs: readonly ModelSpec[], config: Config, devices: DeviceFinder) {
+ *   Deno.exit(await planCommand(specs, config, devices));
+ * }
  * ```
  */
 export async function planCommand(

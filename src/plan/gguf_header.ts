@@ -245,8 +245,10 @@ async function readValue(r: HeaderReader, type: number): Promise<MetaScalar> {
  *
  * @example
  * ```ts
- * const { metadata, tensors } = await readGgufHeader("model.gguf");
- * metadata["general.architecture"]; // "qwen35moe"
+ * async function architecture(path: string) {
+ *   const { metadata } = await readGgufHeader(path);
+ *   return metadata["general.architecture"]; // "qwen35moe"
+ * }
  * ```
  */
 export async function readGgufHeader(path: string): Promise<GgufHeader> {

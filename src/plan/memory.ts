@@ -15,6 +15,8 @@ const GiB = 1024 * MiB;
 export const CHAT_CHUNK = 512;
 /** State checkpoints the chat scheduler keeps per sequence of a recurrent model (chat.ts). */
 export const CHECKPOINTS_PER_SEQUENCE = 4;
+/** The prompt cache's default size, MiB (llama-server's `--cache-ram` default). */
+export const DEFAULT_PROMPT_CACHE_MIB = 8192;
 /** The llama embedding engine: sequences, extra KV cells beyond the longest input, batch tokens. */
 export const EMBEDDING_SEQUENCES = 64;
 export const EMBEDDING_RESERVE = 2048;
@@ -56,6 +58,8 @@ export interface ModelRequest {
   mainGpu: number;
   tensorSplit?: readonly number[];
   flashAttn: "auto" | "on" | "off";
+  /** Chat (llama): host memory the prompt cache may fill, MiB (`--cache-ram`; 0 = none). */
+  promptCacheMiB?: number;
 }
 
 /** What one model puts on one device (bytes). */
@@ -64,6 +68,12 @@ export interface DeviceUse {
   kv: number;
   recurrent: number;
   checkpoints: number;
+  /**
+   * Host memory the prompt cache may fill with saved prompt states: a ceiling, filled as prompts
+   * come and given back under it, so not in the total the fit is judged on (a note says when it
+   * cannot fill it all).
+   */
+  promptCache: number;
   output: number;
   compute: number;
 }
@@ -112,7 +122,7 @@ export interface Plan {
 
 /** A device use with nothing in it. */
 function emptyUse(): DeviceUse {
-  return { weights: {}, kv: 0, recurrent: 0, checkpoints: 0, output: 0, compute: 0 };
+  return { weights: {}, kv: 0, recurrent: 0, checkpoints: 0, promptCache: 0, output: 0, compute: 0 };
 }
 
 /** Total bytes of a device use. */
@@ -260,6 +270,7 @@ function planLlama(
   if (req.kind === "chat" && statePerSequence > 0) {
     at("CPU").checkpoints += statePerSequence * ctx.sequences * CHECKPOINTS_PER_SEQUENCE;
   }
+  if (req.kind === "chat") at("CPU").promptCache += (req.promptCacheMiB ?? DEFAULT_PROMPT_CACHE_MIB) * MiB;
   at("CPU").output += ctx.sequences * (shape.nVocab + (req.kind === "embedding" ? shape.nEmbd : 0)) * 4;
 
   // Compute buffers (see docs/gpu-planning.md): the largest phase of the graph on each device.
@@ -461,14 +472,28 @@ function planAll(requests: readonly ModelRequest[], devices: readonly PlanDevice
  *
  * @example
  * ```ts
- * const plan = planMemory([chatRequest], [{ name: "CUDA0", kind: "gpu", capacity: 24 * 2 ** 30, source: "--vram" }, host]);
- * plan.fits; // false → plan.suggestions
+ * function onOneL4(chatRequest: ModelRequest, host: PlanDevice) {
+ *   const gpu: PlanDevice = { name: "CUDA0", kind: "gpu", capacity: 24 * 2 ** 30, source: "--vram" };
+ *   const plan = planMemory([chatRequest], [gpu, host]);
+ *   return plan.fits ? [] : plan.suggestions;
+ * }
  * ```
  */
 export function planMemory(requests: readonly ModelRequest[], devices: readonly PlanDevice[]): Plan {
   const models = planAll(requests, devices);
   const deviceTotals = totals(models, devices);
   const fits = deviceTotals.every((t) => t.fits);
+  const host = deviceTotals.find((t) => t.kind === "host");
+  const cached = models.reduce((sum, m) => sum + (m.devices.CPU?.promptCache ?? 0), 0);
+  if (host && cached > 0 && host.used + host.runtime + cached > host.capacity) {
+    const room = Math.max(0, host.capacity - host.used - host.runtime);
+    for (const m of models.filter((m) => m.devices.CPU?.promptCache)) {
+      m.notes.push(
+        `the prompt cache may fill ${Math.round(m.devices.CPU.promptCache / MiB)} MiB of host memory, and ` +
+          `${Math.floor(room / MiB)} MiB is left beside the rest: lower --cache-ram (MiB) to what is left`,
+      );
+    }
+  }
   return { models, devices: deviceTotals, fits, suggestions: fits ? [] : suggest(requests, devices) };
 }
 

@@ -38,7 +38,11 @@ export interface LoadSettings {
  *
  * @example
  * ```ts
- * loadSettings(spec, config).placement; // { cpuMoe: true } with --cpu-moe
+ * import type { Config } from "../config.ts";
+ * import type { ModelSpec } from "../registry.ts";
+ * function placementOf(spec: ModelSpec, config: Config) {
+ *   return loadSettings(spec, config).placement; // { cpuMoe: true, … } with --cpu-moe
+ * }
  * ```
  */
 export function loadSettings(spec: ModelSpec, config: Config): LoadSettings {
@@ -79,6 +83,7 @@ export function modelRequest(spec: ModelSpec, config: Config, source: HeaderSour
     mainGpu: s.mainGpu,
     tensorSplit: s.tensorSplit,
     flashAttn: config.flashAttn,
+    promptCacheMiB: config.cacheRam ?? spec.cacheRam,
   };
 }
 
@@ -246,15 +251,21 @@ export function formatPlan(plan: Plan, pending: readonly string[] = []): string 
     lines.push(`  ${"".padEnd(26)}${names.map((n) => n.padStart(width)).join("")}`);
     const rows = new Map<string, Record<string, number>>();
     for (const n of names) if (m.devices[n]) rows.set(n, rowsOf(m.devices[n]));
-    const keys = [...GROUPS, "kv", "recurrent", "checkpoints", "output_buffer", "compute"].filter((k) =>
-      [...rows.values()].some((r) => r[k])
-    );
+    const keys = [...GROUPS, "kv", "recurrent", "checkpoints", "output_buffer", "compute"]
+      .filter((k) => [...rows.values()].some((r) => r[k]));
     for (const k of keys) {
       lines.push(`  ${ROW_NAMES[k].padEnd(26)}${names.map((n) => cell(rows.get(n)?.[k])).join("")}`);
     }
     lines.push(
       `  ${"total".padEnd(26)}${names.map((n) => cell(m.devices[n] ? useTotal(m.devices[n]) : 0)).join("")}`,
     );
+    if (m.devices.CPU?.promptCache) {
+      lines.push(
+        `  ${"prompt cache, at most".padEnd(26)}${
+          names.map((n) => cell(m.devices[n]?.promptCache)).join("")
+        }  (filled as prompts come: --cache-ram)`,
+      );
+    }
     for (const note of m.notes) lines.push(`  note: ${note}`);
     lines.push("");
   }
@@ -304,6 +315,7 @@ export function planMiB(devices: Record<string, DeviceUse>): Record<string, Reco
       kv: mib(u.kv),
       recurrent: mib(u.recurrent),
       checkpoints: mib(u.checkpoints),
+      prompt_cache: mib(u.promptCache),
       output: mib(u.output),
       compute: mib(u.compute),
       total: mib(useTotal(u)),

@@ -83,8 +83,11 @@ const POOLING: Record<number, "mean" | "cls" | "last"> = { 1: "mean", 2: "cls", 
  *
  * @example
  * ```ts
- * const shape = modelShape(await readGgufHeader("model.gguf"));
- * shape.attentionLayers.length; // 10 for a Qwen3.6-35B-A3B
+ * import { readGgufHeader } from "./gguf_header.ts";
+ * async function attentionLayers(path: string) {
+ *   const shape = modelShape(await readGgufHeader(path));
+ *   return shape.attentionLayers.length; // 10 for a Qwen3.6-35B-A3B
+ * }
  * ```
  */
 export function modelShape(header: GgufHeader): ModelShape {

@@ -19,7 +19,13 @@ const PING = sseData({ type: "ping" }, "ping");
  *
  * @example
  * ```ts
- * return await postMessages(body, engine, chatContext(slot, ctx), { hostedTools: "ignore", sealer });
+ * import type { MessagesRequest } from "../protocol/anthropic.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { ChatContext } from "../services/chat.ts";
+ * import type { ReasoningSealer } from "../services/reasoning_seal.ts";
+ * async function answer(body: MessagesRequest, engine: ChatEngine, ctx: ChatContext, sealer: ReasoningSealer) {
+ *   return await postMessages(body, engine, ctx, { hostedTools: "ignore", sealer });
+ * }
  * ```
  */
 export async function postMessages(
@@ -47,7 +53,12 @@ export async function postMessages(
  *
  * @example
  * ```ts
- * return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, options, ctx.signal);
+ * import type { CountTokensRequest } from "../protocol/anthropic.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { ReasoningSealer } from "../services/reasoning_seal.ts";
+ * async function count(body: CountTokensRequest, engine: ChatEngine, sealer: ReasoningSealer, signal: AbortSignal) {
+ *   return await postCountTokens(body, engine, undefined, "req-1", { hostedTools: "ignore", sealer }, signal);
+ * }
  * ```
  */
 export async function postCountTokens(
@@ -67,7 +78,8 @@ export async function postCountTokens(
  *
  * @example
  * ```ts
- * anthropicErrorResponse(new ApiError(401, "authentication_error", "No API key"), "req-1");
+ * import { ApiError } from "../http/errors.ts";
+ * anthropicErrorResponse(new ApiError(401, "authentication_error", "No API key"), "req-1").status; // 401
  * ```
  */
 export function anthropicErrorResponse(e: ApiError, requestId: string): Response {

@@ -24,6 +24,7 @@ import type {
 } from "../engines/types.ts";
 import { EngineInputError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
+import { samplingOptions } from "./sampling.ts";
 import { checkAgainstSchema, checkSchemaLimits } from "./schema_check.ts";
 
 /** Per-request context from the server. */
@@ -49,7 +50,11 @@ export interface ChatContext {
  *
  * @example
  * ```ts
- * const res = await createChatCompletion(body, engine, ctx);
+ * import type { ChatRequest } from "../protocol/chat.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * async function answer(body: ChatRequest, engine: ChatEngine, ctx: ChatContext) {
+ *   return await createChatCompletion(body, engine, ctx);
+ * }
  * ```
  */
 export async function createChatCompletion(
@@ -289,19 +294,7 @@ export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
     toolChoice,
     parallelToolCalls: req.parallel_tool_calls ?? true,
     output,
-    sampling: {
-      temperature: req.temperature ?? undefined,
-      topP: req.top_p ?? undefined,
-      topK: req.top_k ?? undefined,
-      minP: req.min_p ?? undefined,
-      seed: req.seed ?? undefined,
-      presencePenalty: req.presence_penalty ?? undefined,
-      frequencyPenalty: req.frequency_penalty ?? undefined,
-      repeatPenalty: req.repeat_penalty ?? undefined,
-      logitBias: req.logit_bias
-        ? Object.fromEntries(Object.entries(req.logit_bias).map(([k, v]) => [Number(k), v]))
-        : undefined,
-    },
+    sampling: samplingOptions(req),
     maxTokens: req.max_completion_tokens ?? req.max_tokens ?? undefined,
     stop: stop.filter((s) => s !== ""),
     enableThinking: req.chat_template_kwargs?.enable_thinking ?? defaultThinking,

@@ -10,6 +10,7 @@ import type { CompletionUsage } from "../protocol/common.ts";
 import type { ChatEngine, ChatEvent, ChatJob, TokenLogprobInfo } from "../engines/types.ts";
 import { EngineInputError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
+import { samplingOptions } from "./sampling.ts";
 
 /** Per-request context from the server. */
 export interface CompletionContext {
@@ -55,7 +56,11 @@ class LegacyLogprobs {
  *
  * @example
  * ```ts
- * const res = await createCompletion(body, engine, ctx);
+ * import type { CompletionRequest } from "../protocol/completions.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * async function answer(body: CompletionRequest, engine: ChatEngine, ctx: CompletionContext) {
+ *   return await createCompletion(body, engine, ctx);
+ * }
  * ```
  */
 export async function createCompletion(
@@ -88,19 +93,7 @@ export async function createCompletion(
     toolChoice: "none",
     parallelToolCalls: false,
     output: { type: "text" },
-    sampling: {
-      temperature: req.temperature ?? undefined,
-      topP: req.top_p ?? undefined,
-      topK: req.top_k ?? undefined,
-      minP: req.min_p ?? undefined,
-      seed: req.seed ?? undefined,
-      presencePenalty: req.presence_penalty ?? undefined,
-      frequencyPenalty: req.frequency_penalty ?? undefined,
-      repeatPenalty: req.repeat_penalty ?? undefined,
-      logitBias: req.logit_bias
-        ? Object.fromEntries(Object.entries(req.logit_bias).map(([k, v]) => [Number(k), v]))
-        : undefined,
-    },
+    sampling: samplingOptions(req),
     maxTokens: req.max_tokens ?? 16,
     stop: (req.stop == null ? [] : typeof req.stop === "string" ? [req.stop] : req.stop).filter((s) =>
       s !== ""

@@ -72,7 +72,10 @@ export function queryEntries(
  *
  * @example
  * ```ts
- * const res = await createEmbeddings({ model: "m", input: "hi" }, engine, limits);
+ * import type { EmbeddingEngine } from "../engines/types.ts";
+ * async function embed(engine: EmbeddingEngine, limits: EmbeddingLimits) {
+ *   return await createEmbeddings({ model: "m", input: "hi" }, engine, limits);
+ * }
  * ```
  */
 export async function createEmbeddings(

@@ -49,8 +49,14 @@ export interface MessagesOptions {
  *
  * @example
  * ```ts
- * const run = await createMessage(body, engine, ctx, { hostedTools: "ignore", sealer });
- * if (run.kind === "message") console.log(run.message.content);
+ * import type { MessagesRequest } from "../protocol/anthropic.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { ChatContext } from "./chat.ts";
+ * import type { ReasoningSealer } from "./reasoning_seal.ts";
+ * async function answer(body: MessagesRequest, engine: ChatEngine, ctx: ChatContext, sealer: ReasoningSealer) {
+ *   const run = await createMessage(body, engine, ctx, { hostedTools: "ignore", sealer });
+ *   if (run.kind === "message") console.log(run.message.content);
+ * }
  * ```
  */
 export async function createMessage(
@@ -104,7 +110,12 @@ export async function createMessage(
  *
  * @example
  * ```ts
- * await countTokens(body, engine, undefined, { hostedTools: "ignore", sealer }, signal); // { input_tokens: 1234 }
+ * import type { CountTokensRequest } from "../protocol/anthropic.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { ReasoningSealer } from "./reasoning_seal.ts";
+ * async function count(body: CountTokensRequest, engine: ChatEngine, sealer: ReasoningSealer, signal: AbortSignal) {
+ *   return await countTokens(body, engine, undefined, { hostedTools: "ignore", sealer }, signal); // { input_tokens: 1234 }
+ * }
  * ```
  */
 export async function countTokens(
@@ -593,7 +604,15 @@ async function fromCompletion(
  *
  * @example
  * ```ts
- * for await (const e of streamEvents(base, run.chunks, toError, seen)) send(e.type, e);
+ * import type { ChatChunk } from "../protocol/chat.ts";
+ * async function relay(
+ *   base: Parameters<typeof streamEvents>[0],
+ *   chunks: AsyncIterable<ChatChunk>,
+ *   seen: Parameters<typeof streamEvents>[3],
+ *   send: (type: string, event: unknown) => void,
+ * ) {
+ *   for await (const e of streamEvents(base, chunks, (e) => e, seen)) send(e.type, e);
+ * }
  * ```
  */
 export async function* streamEvents(
@@ -740,6 +759,7 @@ export async function* streamEvents(
  *
  * @example
  * ```ts
+ * import { badRequest } from "../http/errors.ts";
  * anthropicError(badRequest("max_tokens is required", "max_tokens")); // 400 invalid_request_error
  * ```
  */

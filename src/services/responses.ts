@@ -45,7 +45,13 @@ export const IGNORED_TOOLS_HEADER = "x-vserve-ignored-tools";
  *
  * @example
  * ```ts
- * const res = await createResponse(body, engine, ctx, { hostedTools: "ignore", sealer });
+ * import type { ResponsesRequest } from "../protocol/responses.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { ChatContext } from "./chat.ts";
+ * import type { ReasoningSealer } from "./reasoning_seal.ts";
+ * async function answer(body: ResponsesRequest, engine: ChatEngine, ctx: ChatContext, sealer: ReasoningSealer) {
+ *   return await createResponse(body, engine, ctx, { hostedTools: "ignore", sealer });
+ * }
  * ```
  */
 export async function createResponse(
@@ -629,7 +635,10 @@ async function fromCompletion(
  *
  * @example
  * ```ts
- * for await (const e of streamEvents(base, run.chunks, toError, shape)) send(e);
+ * import type { ChatChunk } from "../protocol/chat.ts";
+ * async function relay(base: Base, chunks: AsyncGenerator<ChatChunk>, send: (event: unknown) => void) {
+ *   for await (const e of streamEvents(base, chunks, (e) => e, {})) send(e);
+ * }
  * ```
  */
 export async function* streamEvents(

@@ -21,7 +21,10 @@ function isChat(engine: ChatEngine | EmbeddingEngine): engine is ChatEngine {
  *
  * @example
  * ```ts
- * await tokenize({ model: "m", content: "Hello" }, engine); // { tokens: [9707], count: 1, … }
+ * import type { ChatEngine } from "../engines/types.ts";
+ * async function count(engine: ChatEngine) {
+ *   return await tokenize({ model: "m", content: "Hello" }, engine); // { tokens: [9707], count: 1, … }
+ * }
  * ```
  */
 export async function tokenize(
@@ -67,7 +70,10 @@ export async function tokenize(
  *
  * @example
  * ```ts
- * detokenize({ model: "m", tokens: [9707] }, engine); // { content: "Hello", prompt: "Hello" }
+ * import type { ChatEngine } from "../engines/types.ts";
+ * function text(engine: ChatEngine) {
+ *   return detokenize({ model: "m", tokens: [9707] }, engine); // { content: "Hello", prompt: "Hello" }
+ * }
  * ```
  */
 export function detokenize(

@@ -14,7 +14,12 @@ import { checkDimensions, type EmbeddingLimits, embeddingsResponse, queryEntries
  *
  * @example
  * ```ts
- * const res = await (engine.embedEntries ? createEntryEmbeddings : createEmbeddings)(body, engine, limits, signal);
+ * import type { EmbeddingsRequest } from "../protocol/embeddings.ts";
+ * import type { EmbeddingEngine } from "../engines/types.ts";
+ * import { createEmbeddings, type EmbeddingLimits } from "./embeddings.ts";
+ * async function embed(body: EmbeddingsRequest, engine: EmbeddingEngine, limits: EmbeddingLimits, signal: AbortSignal) {
+ *   return await (engine.embedEntries ? createEntryEmbeddings : createEmbeddings)(body, engine, limits, signal);
+ * }
  * ```
  */
 export async function createEntryEmbeddings(

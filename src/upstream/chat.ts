@@ -24,8 +24,13 @@ import { post, statusFailure } from "./wire.ts";
  *
  * @example
  * ```ts
- * const engine = new UpstreamChatEngine(pool, { log, contextSize: 32768 });
- * for await (const ev of engine.generate(job, signal)) console.log(ev);
+ * import type { UpstreamPool } from "./pool.ts";
+ * import type { ChatJob } from "../engines/types.ts";
+ * import type { Logger } from "../log.ts";
+ * async function relay(pool: UpstreamPool, job: ChatJob, log: Logger, signal: AbortSignal) {
+ *   const engine = new UpstreamChatEngine(pool, { log, contextSize: 32768 });
+ *   for await (const ev of engine.generate(job, signal)) console.log(ev);
+ * }
  * ```
  */
 export class UpstreamChatEngine implements ChatEngine {

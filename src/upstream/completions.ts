@@ -50,8 +50,12 @@ interface WireCompletionChunk {
  *
  * @example
  * ```ts
- * const pool = poolOf(engine);
- * if (pool) return await relayCompletion(body, pool, { created, signal, log, requestId });
+ * import { poolOf } from "./load.ts";
+ * import type { CompletionRequest } from "../protocol/completions.ts";
+ * async function answer(body: CompletionRequest, engine: unknown, ctx: RelayContext) {
+ *   const pool = poolOf(engine);
+ *   if (pool) return await relayCompletion(body, pool, ctx);
+ * }
  * ```
  */
 export async function relayCompletion(

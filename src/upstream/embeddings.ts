@@ -21,8 +21,12 @@ interface WireEmbeddings {
  *
  * @example
  * ```ts
- * const engine = new UpstreamEmbeddingEngine(pool, { nativeDims: 4096 });
- * const { vectors } = await engine.embedEntries(["hello"], { truncate: false });
+ * import type { UpstreamPool } from "./pool.ts";
+ * async function embed(pool: UpstreamPool) {
+ *   const engine = new UpstreamEmbeddingEngine(pool, { nativeDims: 4096 });
+ *   const { vectors } = await engine.embedEntries(["hello"], { truncate: false });
+ *   return vectors;
+ * }
  * ```
  */
 export class UpstreamEmbeddingEngine implements EmbeddingEngine {

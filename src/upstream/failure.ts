@@ -22,7 +22,8 @@ export type Outcome =
  *
  * @example
  * ```ts
- * throw UpstreamFailure.broken("connection failed: reset"); // 502 upstream_error to the client
+ * const failure = UpstreamFailure.broken("connection failed: reset"); // 502 upstream_error to the client
+ * failure.retryable; // true: nothing reached the upstream's model
  * ```
  */
 export class UpstreamFailure extends Error {

@@ -14,7 +14,12 @@ import { UpstreamEmbeddingEngine } from "./embeddings.ts";
  *
  * @example
  * ```ts
- * const engine = await openUpstreamEngine(spec, log, (d) => Object.assign(details, d), Deno.env.toObject());
+ * import type { ModelSpec } from "../registry.ts";
+ * import type { Logger } from "../log.ts";
+ * async function open(spec: ModelSpec, log: Logger) {
+ *   const details: Record<string, unknown> = {};
+ *   return await openUpstreamEngine(spec, log, (d) => Object.assign(details, d), Deno.env.toObject());
+ * }
  * ```
  */
 export async function openUpstreamEngine(

@@ -12,7 +12,10 @@ const STATE_VALUE = { unknown: 0, healthy: 1, unhealthy: -1, ejected: -2 } as co
  *
  * @example
  * ```ts
- * new Metrics([...upstreamMetricFamilies(() => pools)]);
+ * import { Metrics } from "../metrics.ts";
+ * import type { UpstreamPool } from "./pool.ts";
+ * const pools: UpstreamPool[] = [];
+ * new Metrics([...upstreamMetricFamilies(() => pools)]).render();
  * ```
  */
 export function upstreamMetricFamilies(pools: () => UpstreamPool[]): Family[] {

@@ -111,10 +111,15 @@ export interface PoolDeps {
  *
  * @example
  * ```ts
- * const pool = new UpstreamPool("m", [{ url: "http://10.0.0.5:8000/v1" }], RoutingSchema.parse({}), { log });
- * pool.start();
- * const { value, lease } = await pool.dispatch({ signal }, (u, signal) => send(u, signal));
- * lease.end("ok");
+ * import { RoutingSchema } from "./config.ts";
+ * import type { Logger } from "../log.ts";
+ * async function once(log: Logger, signal: AbortSignal, send: (u: Upstream, signal: AbortSignal) => Promise<Response>) {
+ *   const pool = new UpstreamPool("m", [{ url: "http://10.0.0.5:8000/v1" }], RoutingSchema.parse({}), { log });
+ *   pool.start();
+ *   const { value, lease } = await pool.dispatch({ signal }, (u, signal) => send(u, signal));
+ *   lease.end("ok");
+ *   return value;
+ * }
  * ```
  */
 export class UpstreamPool {

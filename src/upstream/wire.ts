@@ -33,10 +33,19 @@ export interface Exchange {
  *
  * @example
  * ```ts
- * const ex = await post(u, "/embeddings", { model: u.model, input }, { signal, routing, model: "m" });
- * const json = await ex.res.json().catch((e) => { throw ex.failure(e); });
- * ex.settle();
- * for await (const data of (await post(u, "/chat/completions", chat, { signal, routing, model: "m" })).events()) {}
+ * import type { Upstream } from "./pool.ts";
+ * import type { Routing } from "./config.ts";
+ * async function embedThenChat(u: Upstream, routing: Routing, signal: AbortSignal, input: string[], chat: unknown) {
+ *   const ex = await post(u, "/embeddings", { model: u.model, input }, { signal, routing, model: "m" });
+ *   const json = await ex.res.json().catch((e) => {
+ *     throw ex.failure(e);
+ *   });
+ *   ex.settle();
+ *   for await (const data of (await post(u, "/chat/completions", chat, { signal, routing, model: "m" })).events()) {
+ *     console.log(data);
+ *   }
+ *   return json;
+ * }
  * ```
  */
 export async function post(

@@ -1,7 +1,7 @@
 /**
  * The client packages the client-matrix tests drive, pinned here and only here: they are test-only,
- * so they stay out of the main import map (`openai` and `zod` come from it, as the server's own tests
- * use them too).
+ * so they stay out of the main import map (`openai` comes from tests/deno.json, as other tests use it
+ * too; `zod` from the main one, the server's own).
  */
 export {
   Agent,

@@ -15,7 +15,9 @@
  * - `slow`: a content chunk every 50 ms for 10 s; `slowish`: the same for 1 s;
  * - `stall`: two chunks, then nothing (the connection stays open until the request is aborted).
  *
- * `GET /health` answers 200 while `healthy` is true, else 503 (`healthChecks` counts them). While
+ * `GET /health` answers 200 while `healthy` is true, else 503 (`healthChecks` counts them); while
+ * {@link StandIn.holdHealth} holds them, health checks wait for its release (a model that stays
+ * loading until the test says). While
  * `failing` is true every POST answers 500 (its health check still passes). Every request is
  * recorded, with whether its connection was aborted.
  */
@@ -42,6 +44,8 @@ export interface StandIn {
   healthChecks: number;
   /** Every POST answers 500 while its health check passes. */
   failing: boolean;
+  /** Holds every health check (those under way and later ones) until the returned release is called. */
+  holdHealth(): () => void;
   /** Stops listening (connections refused) until `restart`. */
   stop(): Promise<void>;
   /** Listens again on the same port. */
@@ -119,6 +123,7 @@ const ERRORS: Record<string, () => Response> = {
  */
 export function startStandIn(port = 0): StandIn {
   let server: Deno.HttpServer<Deno.NetAddr>;
+  let healthGate: Promise<void> | undefined;
   const state: StandIn = {
     url: "",
     port: 0,
@@ -126,6 +131,15 @@ export function startStandIn(port = 0): StandIn {
     healthy: true,
     healthChecks: 0,
     failing: false,
+    holdHealth: () => {
+      let release!: () => void;
+      const held = new Promise<void>((r) => (release = r));
+      healthGate = held;
+      return () => {
+        if (healthGate === held) healthGate = undefined;
+        release();
+      };
+    },
     stop: async () => {
       await server.shutdown();
     },
@@ -137,6 +151,7 @@ export function startStandIn(port = 0): StandIn {
   const handle = async (req: Request): Promise<Response> => {
     const path = new URL(req.url).pathname;
     if (req.method === "GET" && path === "/health") {
+      if (healthGate) await healthGate;
       state.healthChecks++;
       return json({ status: state.healthy ? "ok" : "unhealthy" }, state.healthy ? 200 : 503);
     }
@@ -236,7 +251,8 @@ export interface BlackHole {
  * @example
  * ```ts
  * const hole = await startBlackHole();
- * await Deno.connect({ hostname: "127.0.0.1", port: hole.port, signal: AbortSignal.timeout(500) }); // throws
+ * const connect = Deno.connect({ hostname: "127.0.0.1", port: hole.port, signal: AbortSignal.timeout(500) });
+ * await connect.then((c) => c.close(), (e) => e.name); // "TimeoutError"
  * hole.close();
  * ```
  */

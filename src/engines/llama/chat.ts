@@ -18,6 +18,7 @@ import type { LlamaLibrary } from "./ffi.ts";
 import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeModel } from "./native.ts";
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
 import { PromptCache } from "./prompt_cache.ts";
+import { DEFAULT_PROMPT_CACHE_MIB } from "../../plan/memory.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
 import { JsonGrammar } from "./json_gbnf.ts";
@@ -55,9 +56,6 @@ export interface LlamaChatOptions {
   promptCacheMiB?: number;
   log: Logger;
 }
-
-/** The prompt cache's default size, MiB (llama-server's `--cache-ram` default). */
-export const DEFAULT_PROMPT_CACHE_MIB = 8192;
 
 /** Most tool calls one turn may hold (bounds the grammar's repetition). */
 const MAX_PARALLEL_CALLS = 8;
@@ -143,7 +141,11 @@ export class LlamaChatEngine implements ChatEngine {
    *
    * @example
    * ```ts
-   * const engine = await LlamaChatEngine.load(lib, { modelPath, gpuLayers: 0, threads: 2, parallel: 4, contextSize: 4096, log });
+   * import type { LlamaLibrary } from "./ffi.ts";
+   * import type { Logger } from "../../log.ts";
+   * async function open(lib: LlamaLibrary, modelPath: string, log: Logger) {
+   *   return await LlamaChatEngine.load(lib, { modelPath, gpuLayers: 0, threads: 2, parallel: 4, contextSize: 4096, log });
+   * }
    * ```
    */
   static async load(lib: LlamaLibrary, opts: LlamaChatOptions): Promise<LlamaChatEngine> {

@@ -160,7 +160,10 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    *
    * @example
    * ```ts
-   * const engine = await LlamaEmbeddingEngine.load(lib, { modelPath, gpuLayers: 0, threads: 2, maxInputTokens: 8192 });
+   * import type { LlamaLibrary } from "./ffi.ts";
+   * async function open(lib: LlamaLibrary, modelPath: string) {
+   *   return await LlamaEmbeddingEngine.load(lib, { modelPath, gpuLayers: 0, threads: 2, maxInputTokens: 8192 });
+   * }
    * ```
    */
   static async load(lib: LlamaLibrary, opts: LlamaEmbeddingOptions): Promise<LlamaEmbeddingEngine> {

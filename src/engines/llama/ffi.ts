@@ -189,6 +189,7 @@ const GGML_BASE_SYMBOLS = {
   ggml_backend_dev_memory: { parameters: ["pointer", "buffer", "buffer"], result: "void" },
   ggml_backend_dev_buffer_type: { parameters: ["pointer"], result: "pointer" },
   ggml_backend_buft_name: { parameters: ["pointer"], result: "pointer" },
+  ggml_log_get: { parameters: ["buffer", "buffer"], result: "void" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** `enum ggml_backend_dev_type`. */
@@ -240,7 +241,8 @@ function ggmlLibraries(llamaPath: string): NonNullable<typeof ggmlLibs> {
  *
  * @example
  * ```ts
- * const gpus = backendDevices(openLlamaLibrary()).filter((d) => d.type === "GPU");
+ * // After node-llama-cpp's getLlama() has loaded the library:
+ * const gpus = () => backendDevices(openLlamaLibrary()).filter((d) => d.type === "GPU");
  * ```
  */
 export function backendDevices(lib: LlamaLibrary): BackendDevice[] {
@@ -268,6 +270,38 @@ export function backendDevices(lib: LlamaLibrary): BackendDevice[] {
   return out;
 }
 
+/** `GGML_LOG_LEVEL_ERROR`: a level no log filter drops. */
+const GGML_LOG_LEVEL_ERROR = 4;
+
+/**
+ * Hands `text` to the log callback llama.cpp and ggml now use (node-llama-cpp's), as if llama.cpp
+ * had logged it; false when no callback is set. That callback queues every line for the JavaScript
+ * thread in the order it was called, from whichever thread logged: once a mark written after an
+ * operation arrives, every line the operation logged has arrived (a load logs from a worker thread,
+ * and its lines can still be queued when the load's promise settles).
+ *
+ * @example
+ * ```ts
+ * function mark(lib: LlamaLibrary): boolean {
+ *   return writeLogMark(lib, "vserve-log-mark 1");
+ * }
+ * ```
+ */
+export function writeLogMark(lib: LlamaLibrary, text: string): boolean {
+  const { base } = ggmlLibraries(lib.path);
+  const fn = new BigUint64Array(1);
+  const data = new BigUint64Array(1);
+  base.ggml_log_get(fn, data);
+  const callback = Deno.UnsafePointer.create(fn[0]);
+  if (!callback) return false;
+  const call = new Deno.UnsafeFnPointer(callback as Deno.PointerObject<never>, {
+    parameters: ["i32", "buffer", "pointer"],
+    result: "void",
+  });
+  call.call(GGML_LOG_LEVEL_ERROR, cString(`${text}\n`), Deno.UnsafePointer.create(data[0]));
+  return true;
+}
+
 /** A bound libllama and where it came from. */
 export interface LlamaLibrary {
   path: string;
@@ -290,8 +324,12 @@ let opened: LlamaLibrary | undefined;
  *
  * @example
  * ```ts
- * await llamaRuntime("cpu", log);
- * const lib = openLlamaLibrary();
+ * import { llamaRuntime } from "./runtime.ts";
+ * import type { Logger } from "../../log.ts";
+ * async function bind(log: Logger) {
+ *   await llamaRuntime("cpu", log);
+ *   return openLlamaLibrary();
+ * }
  * ```
  */
 export function openLlamaLibrary(): LlamaLibrary {
@@ -378,7 +416,9 @@ let inFlight = 0;
  *
  * @example
  * ```ts
- * await serialized(() => lib.symbols.llama_decode(ctx, batch));
+ * async function decode(lib: LlamaLibrary, ctx: Deno.PointerValue, batch: Uint8Array<ArrayBuffer>) {
+ *   return await serialized(() => lib.symbols.llama_decode(ctx, batch));
+ * }
  * ```
  */
 export function serialized<T>(work: () => Promise<T>): Promise<T> {

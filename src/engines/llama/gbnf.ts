@@ -123,7 +123,9 @@ export class GbnfRules {
  *
  * @example
  * ```ts
+ * const rules = new GbnfRules("t0-");
  * const reasoning = textWithout(rules, "reasoning", ["</think>", "<think>"]);
+ * rules.text(`root ::= ${reasoning} "</think>"`);
  * ```
  */
 export function textWithout(rules: GbnfRules, hint: string, markers: string | readonly string[]): string {

@@ -47,7 +47,10 @@ export class GrammarConstraint implements TokenFilter {
    *
    * @example
    * ```ts
-   * const g = GrammarConstraint.create(model, 'root ::= "yes" | "no"');
+   * import type { NativeModel } from "./native.ts";
+   * function yesOrNo(model: NativeModel) {
+   *   return GrammarConstraint.create(model, 'root ::= "yes" | "no"');
+   * }
    * ```
    */
   static create(model: NativeModel, gbnf: string, trigger?: GrammarTrigger): GrammarConstraint | null {
@@ -65,7 +68,10 @@ export class GrammarConstraint implements TokenFilter {
    *
    * @example
    * ```ts
-   * const g = await GrammarConstraint.parse(model, 'root ::= "yes" | "no"');
+   * import type { NativeModel } from "./native.ts";
+   * async function yesOrNo(model: NativeModel) {
+   *   return await GrammarConstraint.parse(model, 'root ::= "yes" | "no"');
+   * }
    * ```
    */
   static async parse(

@@ -888,6 +888,8 @@ const INTEGER_LIMIT = 10n ** 16n - 1n;
  *
  * @example
  * ```ts
+ * import { GbnfRules } from "./gbnf.ts";
+ * const rules = new GbnfRules("");
  * multiplesBetween(rules, "qty", 5, 0, 100); // 0, 5, …, 100
  * ```
  */

@@ -40,6 +40,8 @@ const cls = (from: number, to: number) => from > to ? "" : from === to ? `"${fro
  *
  * @example
  * ```ts
+ * import { GbnfRules } from "./gbnf.ts";
+ * const rules = new GbnfRules("");
  * numberRange(rules, "age", { min: 0, max: 150, integer: true });
  * ```
  */
@@ -205,7 +207,8 @@ class RangeGrammar {
  *
  * @example
  * ```ts
- * multipleOfInteger(rules, "even", 2);
+ * import { GbnfRules } from "./gbnf.ts";
+ * multipleOfInteger(new GbnfRules(""), "even", 2);
  * ```
  */
 export function multipleOfInteger(rules: GbnfRules, hint: string, k: number): string {

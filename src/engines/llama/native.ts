@@ -80,7 +80,10 @@ export class NativeModel {
    *
    * @example
    * ```ts
-   * const model = await NativeModel.load(lib, "model.gguf", 0);
+   * import type { LlamaLibrary } from "./ffi.ts";
+   * async function open(lib: LlamaLibrary) {
+   *   return await NativeModel.load(lib, "model.gguf", 0);
+   * }
    * ```
    */
   static async load(
@@ -278,8 +281,12 @@ export class NativeModel {
  *
  * @example
  * ```ts
- * const params = lib.symbols.llama_model_default_params();
- * const kept = placementParams(lib, new DataView(params.buffer), { splitMode: "row" });
+ * import type { LlamaLibrary } from "./ffi.ts";
+ * function rowSplitParams(lib: LlamaLibrary) {
+ *   const params = lib.symbols.llama_model_default_params();
+ *   const kept = placementParams(lib, new DataView(params.buffer), { splitMode: "row" });
+ *   return { params, kept }; // keep `kept` while the model lives
+ * }
  * ```
  */
 export function placementParams(lib: LlamaLibrary, view: DataView, placement: ModelPlacement): unknown {
@@ -367,7 +374,10 @@ export class NativeContext {
    *
    * @example
    * ```ts
-   * const ctx = await NativeContext.create(model, { nCtx: 4096, nBatch: 512, nUbatch: 512, nSeqMax: 4, threads: 2, embeddings: false, kvUnified: false });
+   * async function context(model: NativeModel) {
+   *   const opts = { nCtx: 4096, nBatch: 512, nUbatch: 512, nSeqMax: 4, threads: 2, embeddings: false, kvUnified: false };
+   *   return await NativeContext.create(model, opts);
+   * }
    * ```
    */
   static async create(model: NativeModel, opts: ContextOptions): Promise<NativeContext> {

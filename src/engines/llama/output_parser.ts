@@ -23,7 +23,8 @@ const THINK_CLOSE = "</think>";
  *
  * @example
  * ```ts
- * const p = new OutputParser(jsonDialect, tools, false);
+ * import { jsonDialect } from "./dialects/json.ts";
+ * const p = new OutputParser(jsonDialect, [], false);
  * p.push("<think>hm</think>Hi"); // [{type:"reasoning",text:"hm"}, {type:"content",text:"Hi"}]
  * ```
  */

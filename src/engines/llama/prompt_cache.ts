@@ -93,8 +93,8 @@ export interface PromptCacheStats {
  * @example
  * ```ts
  * const cache = new PromptCache(8192 * 1024 * 1024, false);
- * cache.put({ tokens, state, checkpoints: [] });
- * const found = cache.best(prompt); // { entry, tokens } or undefined
+ * cache.put({ tokens: [1, 2, 3, 4], state: new Uint8Array(64), checkpoints: [] });
+ * const found = cache.best([1, 2, 3, 9]); // { entry, tokens: 3 }, or undefined
  * ```
  */
 export class PromptCache {

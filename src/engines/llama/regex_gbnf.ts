@@ -837,6 +837,8 @@ interface BuildSession {
  *
  * @example
  * ```ts
+ * import { JsonGrammar } from "./json_gbnf.ts";
+ * import { GbnfRules } from "./gbnf.ts";
  * const automata = new AutomatonCache();
  * const text = await automata.build(() => {
  *   const g = new JsonGrammar(new GbnfRules("", automata));
@@ -956,7 +958,9 @@ export class AutomatonCache {
  *
  * @example
  * ```ts
- * const start = patternRules(rules, "sku", "^[A-Z]{3}-\\d{4}$");
+ * import { GbnfRules } from "./gbnf.ts";
+ * const rules = new GbnfRules("");
+ * const sku = patternRules(rules, "sku", "^[A-Z]{3}-\\d{4}$");
  * const code = patternRules(rules, "code", { patterns: ["^[a-z]+$"], maxLength: 8 });
  * ```
  */

@@ -1,12 +1,18 @@
 /** One shared node-llama-cpp runtime per GPU setting (loading the native backend is costly). */
 import { getLlama, GgufInsights, type Llama, LlamaLogLevel, readGgufFileInfo } from "node-llama-cpp";
 import type { Logger } from "../../log.ts";
+import { openLlamaLibrary, writeLogMark } from "./ffi.ts";
 
 /** GPU choice as configured. */
 export type GpuSetting = "auto" | "cuda" | "vulkan" | "cpu";
 
 const runtimes = new Map<GpuSetting, Promise<Llama>>();
 /** Listeners that receive every llama.cpp log line while they are registered (see {@link captureLlamaLog}). */
+/** The text of the marks {@link captureLlamaLog} writes to find the end of llama.cpp's queued lines. */
+const LOG_MARK = "vserve-log-mark";
+/** How long a capture waits for its mark (a bound against a hang, not a pace). */
+const MARK_WAIT_MS = 10_000;
+let marks = 0;
 const taps = new Set<(line: string) => void>();
 
 /**
@@ -14,7 +20,10 @@ const taps = new Set<(line: string) => void>();
  *
  * @example
  * ```ts
- * const llama = await llamaRuntime("cpu", log);
+ * import type { Logger } from "../../log.ts";
+ * async function cpuRuntime(log: Logger) {
+ *   return await llamaRuntime("cpu", log);
+ * }
  * ```
  */
 export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
@@ -27,6 +36,7 @@ export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
       logger: (level, message) => {
         const text = message.trim();
         for (const tap of taps) tap(text);
+        if (text.startsWith(LOG_MARK)) return;
         // The Qwen vocabulary trips this llama.cpp warning for every real Qwen GGUF too.
         if (!text || text.includes("control-looking token")) return;
         // Embedding contexts ask for no pooling on purpose: the engine pools the token states itself.
@@ -52,8 +62,12 @@ export function llamaRuntime(gpu: GpuSetting, log: Logger): Promise<Llama> {
  *
  * @example
  * ```ts
- * await using _log = captureLlamaLog(llama, (lines) => console.log(parseLlamaLog(lines)));
- * const model = await NativeModel.load(lib, path, layers);
+ * import type { Llama } from "node-llama-cpp";
+ * import { parseLlamaLog } from "../../plan/llama_log.ts";
+ * async function loadLogged<T>(llama: Llama, load: () => Promise<T>): Promise<T> {
+ *   await using _log = captureLlamaLog(llama, (lines) => console.log(parseLlamaLog(lines)));
+ *   return await load(); // e.g. NativeModel.load(lib, path, layers)
+ * }
  * ```
  */
 export function captureLlamaLog(
@@ -61,14 +75,28 @@ export function captureLlamaLog(
   onStop: (lines: string[]) => void = () => {},
 ): { lines: string[]; stop(): Promise<string[]>; [Symbol.asyncDispose](): Promise<void> } {
   const lines: string[] = [];
-  const tap = (line: string) => void lines.push(line);
+  const mark = `${LOG_MARK} ${++marks}`;
+  let marked: (() => void) | undefined;
+  const tap = (line: string) => {
+    if (line === mark) marked?.();
+    else if (!line.startsWith(LOG_MARK)) lines.push(line);
+  };
   taps.add(tap);
   llama.logLevel = LlamaLogLevel.debug;
   let stopped: Promise<string[]> | undefined;
   const stop = () =>
     stopped ??= (async () => {
-      // llama.cpp's lines reach JS through the addon's queue: let any still queued arrive.
-      await new Promise((r) => setTimeout(r, 0));
+      // llama.cpp's lines reach JS through the addon's queue, in order, after the call that logged
+      // them may have returned (a load logs from a worker thread): a mark queued now arrives after
+      // all of them. The bound only guards against a mark that never comes.
+      const arrived = new Promise<void>((resolve) => marked = resolve);
+      let guard: ReturnType<typeof setTimeout> | undefined;
+      if (writeLogMark(openLlamaLibrary(), mark)) {
+        await Promise.race([arrived, new Promise((r) => guard = setTimeout(r, MARK_WAIT_MS))]);
+        clearTimeout(guard);
+      } else {
+        await new Promise((r) => setTimeout(r, 0));
+      }
       taps.delete(tap);
       if (taps.size === 0) llama.logLevel = LlamaLogLevel.warn;
       onStop(lines);
@@ -88,7 +116,10 @@ export function engineThreads(configured: number): number {
  *
  * @example
  * ```ts
- * const layers = await resolveGpuLayers(llama, "model.gguf", "auto");
+ * import type { Llama } from "node-llama-cpp";
+ * async function layers(llama: Llama) {
+ *   return await resolveGpuLayers(llama, "model.gguf", "auto");
+ * }
  * ```
  */
 export async function resolveGpuLayers(

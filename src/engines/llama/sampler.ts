@@ -5,6 +5,7 @@
  * the penalty counts). The passes over the whole vocabulary run as SIMD kernels (logit_scan.ts).
  */
 import { ABOVE_CAPACITY, f32Midpoint, indexesInRange, LogitBuffer } from "./logit_scan.ts";
+import { mulberry32 } from "../../random.ts";
 
 /** Sampling settings of one sequence. */
 export interface SamplingParams {
@@ -69,25 +70,6 @@ export interface TokenFilter {
   mask(logits: Float32Array): Promise<void>;
 }
 
-/**
- * A seeded 32-bit PRNG (mulberry32): the same seed gives the same draws on every machine.
- *
- * @example
- * ```ts
- * const next = seededRandom(42); next(); // 0 <= x < 1
- * ```
- */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Samples the tokens of one sequence. */
 export class TokenSampler {
   readonly #params: SamplingParams;
@@ -108,7 +90,7 @@ export class TokenSampler {
   /** `simd: false`: the whole-vocabulary passes in plain JavaScript (for benchmarks). */
   constructor(params: SamplingParams, nVocab: number, opts: { simd?: boolean } = {}) {
     this.#params = params;
-    this.#random = seededRandom(params.seed);
+    this.#random = mulberry32(params.seed);
     this.#simd = opts.simd !== false;
     this.#scratch = new LogitBuffer(nVocab, { simd: this.#simd });
   }

@@ -178,8 +178,11 @@ export interface SchedulerOptions {
  *
  * @example
  * ```ts
- * const scheduler = new Scheduler(model, ctx, batch, { chunk: 512, maxCheckpoints: 4, checkpointSpacing: 256 });
- * await scheduler.run(job);
+ * import type { Batch, NativeContext, NativeModel } from "./native.ts";
+ * async function generate(model: NativeModel, ctx: NativeContext, batch: Batch, job: GenerationJob) {
+ *   const scheduler = new Scheduler(model, ctx, batch, { chunk: 512, maxCheckpoints: 4, checkpointSpacing: 256 });
+ *   await scheduler.run(job);
+ * }
  * ```
  */
 export class Scheduler {

@@ -71,7 +71,13 @@ export class ChatTemplate {
    *
    * @example
    * ```ts
+   * const template = new ChatTemplate({
+   *   source: "{% for m in messages %}{{ m.role }}: {{ m.content }}<|im_end|>\n{% endfor %}",
+   *   specials: { bos: "", eos: "<|im_end|>" },
+   *   markup: [{ text: "<|im_end|>", id: 2, matchedInText: false }],
+   * });
    * template.render({ messages: [{ role: "user", text: "Hi" }], tools: [], thinking: true });
+   * // { text: "user: Hi<|im_end|>\n", pieces: ["user: Hi", 2, "\n"] }
    * ```
    */
   render(input: TemplateInput): PromptPieces {
