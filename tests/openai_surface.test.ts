@@ -11,7 +11,7 @@ import { postStream } from "./helpers/sse.ts";
 import { engineCounter as engineCounterOf } from "./helpers/metrics.ts";
 import { poll } from "./helpers/poll.ts";
 import { checkAgainstSchema } from "../src/services/schema_check.ts";
-import { JsonGrammar } from "../src/engines/llama/json_gbnf.ts";
+import { JsonGrammar } from "../src/grammar/mod.ts";
 import { ChatChunkSchema, ChatCompletionSchema } from "../src/protocol/chat.ts";
 import { CompletionRequestSchema, CompletionSchema } from "../src/protocol/completions.ts";
 import { createCompletion } from "../src/services/completions.ts";
@@ -80,7 +80,7 @@ async function structured(
     const choice = res.body.choices[0];
     assert.notEqual(choice.finish_reason, "length", `seed ${seed} finished within max_tokens`);
     const value = JSON.parse(read(res.body));
-    const check = checkAgainstSchema(schema, value);
+    const check = await checkAgainstSchema(schema, value);
     assert.ok(check.ok, `seed ${seed}: ${JSON.stringify(value)}: ${(check as { reason?: string }).reason}`);
     const faults = await regenerations(res.headers.get("x-request-id"));
     assert.ok(

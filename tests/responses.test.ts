@@ -179,7 +179,7 @@ serverTest("a function-call round trip: call → function_call_output → answer
   assert.equal(call.name, "get_weather");
   assert.ok(call.call_id.length > 0);
   const args = JSON.parse(call.arguments);
-  assert.ok(checkAgainstSchema(WEATHER.parameters, args).ok, call.arguments);
+  assert.ok((await checkAgainstSchema(WEATHER.parameters, args)).ok, call.arguments);
   assert.equal(first.status, "completed");
 
   const second = await create({
@@ -271,7 +271,7 @@ serverTest("a function-call round trip: call → function_call_output → answer
     assert.equal(done.arguments, deltas);
     assert.equal(item.arguments, deltas);
     assert.equal(item.name, "get_weather");
-    assert.ok(checkAgainstSchema(WEATHER.parameters, JSON.parse(deltas)).ok, deltas);
+    assert.ok((await checkAgainstSchema(WEATHER.parameters, JSON.parse(deltas))).ok, deltas);
   }
   assert.equal(events.at(-1).type, "response.completed");
 });
@@ -297,7 +297,7 @@ serverTest("structured output via text.format json_schema is valid JSON of the s
     });
     assert.equal(res.status, "completed", JSON.stringify(res));
     const value = JSON.parse(res.output_text);
-    assert.ok(checkAgainstSchema(schema, value).ok, res.output_text);
+    assert.ok((await checkAgainstSchema(schema, value)).ok, res.output_text);
     assert.equal(res.text.format.type, "json_schema");
   }
 });
@@ -376,11 +376,14 @@ const SCHEMAS: Record<string, Record<string, unknown>> = {
 };
 
 /** The function_call items of an output, each checked against its tool's schema. */
-function callsOf(output: Json[]): Json[] {
+async function callsOf(output: Json[]): Promise<Json[]> {
   const calls = output.filter((o) => o.type === "function_call");
   for (const c of calls) {
     assert.ok(c.name in SCHEMAS, c.name);
-    assert.ok(checkAgainstSchema(SCHEMAS[c.name], JSON.parse(c.arguments)).ok, `${c.name}(${c.arguments})`);
+    assert.ok(
+      (await checkAgainstSchema(SCHEMAS[c.name], JSON.parse(c.arguments))).ok,
+      `${c.name}(${c.arguments})`,
+    );
     assert.equal(c.status, "completed");
   }
   return calls;
@@ -401,12 +404,12 @@ serverTest(
     for (let seed = 1; seed <= 12 && !several; seed++) {
       const res = await create({ ...body, seed });
       if (res.status !== "completed") continue;
-      if (callsOf(res.output).length >= 2) several = { seed, res };
+      if ((await callsOf(res.output)).length >= 2) several = { seed, res };
     }
     assert.ok(several, "some seed produced parallel calls");
     const { seed, res } = several;
     assert.equal(res.parallel_tool_calls, true, "the default is true");
-    const calls = callsOf(res.output);
+    const calls = await callsOf(res.output);
     assert.equal(new Set(calls.map((c) => c.call_id)).size, calls.length, "call ids are unique");
     assert.equal(new Set(calls.map((c) => c.id)).size, calls.length, "item ids are unique");
 
@@ -435,7 +438,7 @@ serverTest(
         : await create({ ...body, seed, parallel_tool_calls: false });
       assert.equal(one.status, "completed", JSON.stringify(one.output));
       assert.equal(one.parallel_tool_calls, false);
-      const single = callsOf(one.output);
+      const single = await callsOf(one.output);
       assert.equal(single.length, 1, `stream ${stream}: ${JSON.stringify(one.output)}`);
       assert.deepEqual([single[0].name, single[0].arguments], [calls[0].name, calls[0].arguments]);
     }
@@ -1051,7 +1054,7 @@ serverTest(
     });
     const call = first.output.find((o: Json) => o.type === "function_call");
     assert.ok(call, JSON.stringify(first.output));
-    assert.ok(checkAgainstSchema(WEATHER.parameters, JSON.parse(call.arguments)).ok);
+    assert.ok((await checkAgainstSchema(WEATHER.parameters, JSON.parse(call.arguments))).ok);
     const history = [
       { role: "user", content: "Weather?" },
       call,
@@ -1068,7 +1071,7 @@ serverTest(
       ...NO_THINKING,
     });
     assert.equal(second.status, "completed");
-    assert.ok(checkAgainstSchema(schema, JSON.parse(second.output_text)).ok, second.output_text);
+    assert.ok((await checkAgainstSchema(schema, JSON.parse(second.output_text))).ok, second.output_text);
     // …and favoured, a call: the format no longer shuts tools out.
     const again = await create({
       model: MODEL,
@@ -1082,7 +1085,7 @@ serverTest(
     });
     const next = again.output.find((o: Json) => o.type === "function_call");
     assert.ok(next, JSON.stringify(again.output));
-    assert.ok(checkAgainstSchema(WEATHER.parameters, JSON.parse(next.arguments)).ok, next.arguments);
+    assert.ok((await checkAgainstSchema(WEATHER.parameters, JSON.parse(next.arguments))).ok, next.arguments);
   },
 );
 

@@ -25,7 +25,8 @@ import type {
 import { EngineInputError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
 import { samplingOptions } from "./sampling.ts";
-import { checkAgainstSchema, checkSchemaLimits } from "./schema_check.ts";
+import { checkAgainstSchema, checkSchemaLimits, warmSchemaCheck } from "./schema_check.ts";
+import { Budget } from "../grammar/mod.ts";
 
 /** Per-request context from the server. */
 export interface ChatContext {
@@ -115,7 +116,9 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
       if (attempt === 1) ctx.onStarted?.(prompt.startedAt);
       const body = await collect(req, job, id, ctx, prompt, iterator, toError);
       const fault = check
-        ? body.choices.map((c) => check(c.index, c.message, c.finish_reason)).find(Boolean)
+        ? (await Promise.all(body.choices.map((c) => check(c.index, c.message, c.finish_reason)))).find(
+          Boolean,
+        )
         : undefined;
       if (!fault) return { kind: "completion", completion: body };
       if (attempt === MAX_ATTEMPTS) throw invalidOutput(fault);
@@ -154,6 +157,16 @@ async function* logErrors(
 /** Attempts at output that passes its schema check. */
 const MAX_ATTEMPTS = 3;
 
+/** A schema whose check of the output was cut off: the schema is at fault, so no attempt again. */
+function uncheckable(reason: string, param: string): ApiError {
+  return badRequest(
+    `The output could not be checked against the schema: ${reason}. Simplify the schema (its patterns, ` +
+      "anyOf/oneOf alternatives or size).",
+    param,
+    "schema_too_large",
+  );
+}
+
 function invalidOutput(fault: string): ApiError {
   return new ApiError(
     500,
@@ -164,12 +177,15 @@ function invalidOutput(fault: string): ApiError {
   );
 }
 
-/** Checks a finished choice: undefined when it is valid (or needs no check), else the reason. */
+/**
+ * Checks a finished choice: undefined when it is valid (or needs no check), else the reason; throws
+ * a 400 when the schema is too costly to check.
+ */
 type OutputCheck = (
   index: number,
   message: { content?: string | null; tool_calls?: ToolCall[] },
   finish: FinishReason,
-) => string | undefined;
+) => Promise<string | undefined>;
 
 /**
  * The check of finished output against the schemas the request promises: the `json_schema`
@@ -185,7 +201,9 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
     ) => [t.function.name, t.function.parameters ?? {}]),
   );
   if (!schema && toolSchemas.size === 0) return undefined;
-  return (_index, message, finish) => {
+  warmSchemaCheck();
+  const toolIndex = (name: string) => (req.tools ?? []).findIndex((t) => t.function.name === name);
+  return async (_index, message, finish) => {
     if (finish === "length") return undefined;
     if (schema && !(message.tool_calls?.length)) {
       let value: unknown;
@@ -194,7 +212,8 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
       } catch {
         return "the content is not JSON";
       }
-      const r = checkAgainstSchema(schema, value);
+      const r = await checkAgainstSchema(schema, value);
+      if (!r.ok && r.timedOut) throw uncheckable(r.reason, "response_format.json_schema.schema");
       if (!r.ok) return `response_format: ${r.reason}`;
     }
     for (const call of message.tool_calls ?? []) {
@@ -206,7 +225,10 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
       } catch {
         return `the arguments of ${call.function.name} are not JSON`;
       }
-      const r = checkAgainstSchema(params, value);
+      const r = await checkAgainstSchema(params, value);
+      if (!r.ok && r.timedOut) {
+        throw uncheckable(r.reason, `tools[${toolIndex(call.function.name)}].function.parameters`);
+      }
       if (!r.ok) return `${call.function.name}: ${r.reason}`;
     }
     return undefined;
@@ -244,9 +266,11 @@ export function toJob(req: ChatRequest, defaultThinking?: boolean): ChatJob {
     parameters: t.function.parameters ?? undefined,
     strict: t.function.strict ?? undefined,
   }));
-  tools.forEach((t, i) => checkSchemaLimits(t.parameters, `tools[${i}].function.parameters`));
+  // One schema budget for every schema of the request.
+  const budget = new Budget();
+  tools.forEach((t, i) => checkSchemaLimits(t.parameters, `tools[${i}].function.parameters`, budget));
   if (req.response_format?.type === "json_schema") {
-    checkSchemaLimits(req.response_format.json_schema.schema, "response_format.json_schema.schema");
+    checkSchemaLimits(req.response_format.json_schema.schema, "response_format.json_schema.schema", budget);
   }
   const names = new Set<string>();
   tools.forEach((t, i) => {
@@ -593,7 +617,7 @@ async function* streamChunks(
         case "end": {
           // A stream cannot take back what it sent: output failing its schema ends in an error event.
           const w = written[ev.choice];
-          const fault = check?.(ev.choice, {
+          const fault = await check?.(ev.choice, {
             content: w.content,
             tool_calls: w.calls.length ? w.calls : undefined,
           }, ev.finishReason);

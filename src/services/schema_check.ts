@@ -1,92 +1,179 @@
 /**
  * The last line of the structured-output guarantee: finished JSON is checked against the client's
- * schema, so keywords no grammar can express (`uniqueItems`, `not`, …) still hold. Validators are
- * compiled once per schema (a small LRU cache).
+ * schema, so keywords no grammar can express (`uniqueItems`, `not`, …) still hold; and the bounds a
+ * client schema must keep before anything compiles or checks with it ({@link checkSchemaLimits}).
+ * The check runs on a worker thread (Ajv: schema_ajv.ts), cut off after a time limit.
  */
-import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
 import { badRequest } from "../http/errors.ts";
+import { Budget, GrammarError, measureSchema } from "../grammar/mod.ts";
+import { Worker } from "node:worker_threads";
+import type { CheckResult } from "./schema_ajv.ts";
+import type { CheckReply, CheckRequest } from "./schema_worker.ts";
 
-const ajv = new Ajv2020({
-  strict: false,
-  allErrors: false,
-  validateFormats: true,
-  validateSchema: false,
-  logger: false,
-  // Decimal steps in decimal, not binary: 0.07 is a multiple of 0.01.
-  multipleOfPrecision: 9,
-});
-// The string formats the grammar knows (ajv itself checks none without ajv-formats).
-const FORMATS: Record<string, RegExp> = {
-  date: /^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$/,
-  time: /^([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([zZ]|[+-]([01]\d|2[0-3]):[0-5]\d)$/,
-  "date-time":
-    /^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[tT ]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([zZ]|[+-]([01]\d|2[0-3]):[0-5]\d)$/,
-  uuid: /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/,
-  email: /^[^\s@]+@[^\s@]+\.[^\s@]+$/,
-  hostname: /^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$/,
-  ipv4: /^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/,
-  uri: /^[a-zA-Z][a-zA-Z0-9+.-]*:[^\s]*$/,
-};
-for (const [name, re] of Object.entries(FORMATS)) ajv.addFormat(name, re);
-const cache = new Map<string, ValidateFunction>();
-const CACHE_SIZE = 256;
+export type { CheckResult };
 
+/** How long one check may take before it is cut off (Ajv compiling 10,000 schema nodes takes ~2 s). */
+const CHECK_TIMEOUT_MS = 10_000;
 /**
- * Older drafts' forms in the 2020-12 vocabulary: `items: [...]` tuples become `prefixItems`
- * (`additionalItems` then `items`), `definitions` refs stay resolvable, boolean exclusive bounds
- * become numbers.
+ * How long an idle worker is kept, its compiled validators with it (starting one takes about 200 ms:
+ * Ajv is loaded anew). It never keeps the process alive.
  */
-export function toDraft2020(schema: unknown): unknown {
-  if (Array.isArray(schema)) return schema.map(toDraft2020);
-  if (typeof schema !== "object" || schema === null) return schema;
-  const s = schema as Record<string, unknown>;
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(s)) {
-    if (k === "$schema") continue;
-    if (k === "items" && Array.isArray(v)) out.prefixItems = v.map(toDraft2020);
-    else if (k === "additionalItems") out.items = toDraft2020(v);
-    else if ((k === "exclusiveMinimum" || k === "exclusiveMaximum") && typeof v === "boolean") continue;
-    else out[k] = toDraft2020(v);
-  }
-  if (s.exclusiveMinimum === true && typeof s.minimum === "number") {
-    out.exclusiveMinimum = s.minimum;
-    delete out.minimum;
-  }
-  if (s.exclusiveMaximum === true && typeof s.maximum === "number") {
-    out.exclusiveMaximum = s.maximum;
-    delete out.maximum;
-  }
-  return out;
+const IDLE_MS = 5 * 60_000;
+
+interface Queued {
+  key: string;
+  value: unknown;
+  resolve: (r: CheckResult) => void;
 }
 
 /**
- * Whether `value` satisfies `schema`; the reason when it does not.
+ * Checks values against schemas on a worker thread (Ajv; see schema_ajv.ts), one at a time in
+ * order. A check that takes longer than `timeoutMs` is cut off (`timedOut`) and its worker ended, so
+ * a schema whose check never ends (a catastrophic `pattern`, say) costs one worker, not the server.
+ * An idle worker ends after `idleMs`; it never keeps the process alive (a Node worker, unref'd).
  *
  * @example
  * ```ts
- * checkAgainstSchema({ type: "array", uniqueItems: true }, [1, 1]); // { ok: false, reason: "…" }
+ * const checker = new SchemaChecker();
+ * await checker.check({ type: "array", uniqueItems: true }, [1, 1]); // { ok: false, reason: "…" }
+ * checker.close();
  * ```
  */
-export function checkAgainstSchema(
-  schema: unknown,
-  value: unknown,
-): { ok: true } | { ok: false; reason: string } {
-  const key = JSON.stringify(schema);
-  let validate = cache.get(key);
-  if (validate) cache.delete(key);
-  else {
-    try {
-      validate = ajv.compile(toDraft2020(schema) as object);
-    } catch (e) {
-      // Request validation refuses such schemas (400 naming the keyword); should one get through,
-      // nothing is vouched for unchecked.
-      return { ok: false, reason: `the schema cannot be compiled for checking: ${(e as Error).message}` };
+export class SchemaChecker {
+  readonly #timeoutMs: number;
+  readonly #idleMs: number;
+  readonly #queue: Queued[] = [];
+  #worker?: Worker;
+  /** Whether the worker has loaded (a check's time limit starts when it is sent to a ready worker). */
+  #ready = false;
+  #running?: { id: number; job: Queued; deadline: ReturnType<typeof setTimeout> };
+  #idle?: ReturnType<typeof setTimeout>;
+  #next = 0;
+  /** Checks cut off so far. */
+  timedOut = 0;
+
+  constructor(opts: { timeoutMs?: number; idleMs?: number } = {}) {
+    this.#timeoutMs = opts.timeoutMs ?? CHECK_TIMEOUT_MS;
+    this.#idleMs = opts.idleMs ?? IDLE_MS;
+  }
+
+  /** Whether `value` satisfies `schema`; the reason when it does not (or could not be checked). */
+  check(schema: unknown, value: unknown): Promise<CheckResult> {
+    return new Promise((resolve) => {
+      this.#queue.push({ key: JSON.stringify(schema), value, resolve });
+      this.#pump();
+    });
+  }
+
+  /** Starts the worker now, if it is not running, so that a check soon does not wait for it to load. */
+  warm(): void {
+    clearTimeout(this.#idle);
+    this.#start();
+    if (!this.#running && this.#queue.length === 0) {
+      this.#idle = setTimeout(() => this.#stop(), this.#idleMs);
+      Deno.unrefTimer(this.#idle);
     }
   }
-  cache.set(key, validate);
-  if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value!);
-  if (validate(value)) return { ok: true };
-  return { ok: false, reason: ajv.errorsText(validate.errors) };
+
+  /** Ends the worker; checks waiting or running are answered as cut off. */
+  close(): void {
+    clearTimeout(this.#idle);
+    const waiting = [...(this.#running ? [this.#running.job] : []), ...this.#queue.splice(0)];
+    if (this.#running) clearTimeout(this.#running.deadline);
+    this.#running = undefined;
+    this.#stop();
+    for (const job of waiting) job.resolve({ ok: false, reason: "the checker was closed", timedOut: true });
+  }
+
+  #pump(): void {
+    if (this.#running || this.#queue.length === 0) return;
+    clearTimeout(this.#idle);
+    const worker = this.#start();
+    // A check waits for the worker: it keeps the process alive until the answer (only then).
+    worker.ref();
+    if (!this.#ready) return;
+    const job = this.#queue.shift()!;
+    const id = this.#next++;
+    const deadline = setTimeout(() => {
+      // The worker is stuck in this check: it is ended, the next check gets a new one.
+      this.timedOut++;
+      this.#running = undefined;
+      this.#stop();
+      job.resolve({
+        ok: false,
+        reason: `checking the output against the schema took longer than ${this.#timeoutMs / 1000} s`,
+        timedOut: true,
+      });
+      this.#pump();
+    }, this.#timeoutMs);
+    this.#running = { id, job, deadline };
+    worker.postMessage({ id, key: job.key, value: job.value } satisfies CheckRequest);
+  }
+
+  #start(): Worker {
+    if (this.#worker) return this.#worker;
+    const worker = new Worker(new URL("./schema_worker.ts", import.meta.url));
+    worker.unref();
+    worker.on("message", (reply: CheckReply) => {
+      if ("ready" in reply) {
+        this.#ready = true;
+        return this.#pump();
+      }
+      const running = this.#running;
+      if (!running || running.id !== reply.id) return;
+      clearTimeout(running.deadline);
+      this.#running = undefined;
+      running.job.resolve(reply.result);
+      if (this.#queue.length > 0) this.#pump();
+      else {
+        worker.unref();
+        this.#idle = setTimeout(() => this.#stop(), this.#idleMs);
+        Deno.unrefTimer(this.#idle);
+      }
+    });
+    worker.on("error", (e: Error) => {
+      // Every check is answered from a try: an error here ended the worker (out of memory, say), or
+      // it could not load; what waits fails (a worker that cannot load is not restarted in a loop).
+      if (this.#worker !== worker) return;
+      const loaded = this.#ready;
+      const running = this.#running;
+      if (running) clearTimeout(running.deadline);
+      this.#running = undefined;
+      this.#stop();
+      const failed = { ok: false as const, reason: `the check failed: ${e.message}` };
+      running?.job.resolve(failed);
+      if (!loaded) { for (const job of this.#queue.splice(0)) job.resolve(failed); }
+      this.#pump();
+    });
+    this.#worker = worker;
+    return worker;
+  }
+
+  #stop(): void {
+    void this.#worker?.terminate();
+    this.#worker = undefined;
+    this.#ready = false;
+  }
+}
+
+const checker = new SchemaChecker();
+
+/**
+ * Whether `value` satisfies `schema`, checked off the server's thread ({@link SchemaChecker}); the
+ * reason when it does not, `timedOut` when the check was cut off.
+ *
+ * @example
+ * ```ts
+ * await checkAgainstSchema({ type: "array", uniqueItems: true }, [1, 1]); // { ok: false, reason: "…" }
+ * ```
+ */
+export function checkAgainstSchema(schema: unknown, value: unknown): Promise<CheckResult> {
+  return checker.check(schema, value);
+}
+
+/** Loads the output check's worker ahead of a check (a request that will need one has arrived). */
+export function warmSchemaCheck(): void {
+  checker.warm();
 }
 
 /** Bounds on a schema a request may carry (OpenAI's own are lower: 5 levels, 1,000 enum values). */
@@ -95,9 +182,12 @@ export const SCHEMA_LIMITS = { maxDepth: 64, maxNodes: 10_000, maxEnumValues: 1_
 /**
  * Refuses a schema over the size limits with a 400 naming the limit, before any recursive work
  * (conversion to a grammar, compilation) can overflow the stack or stall the event loop.
- * Iterative, so a schema nested 100,000 levels deep is measured, not recursed into.
+ * Iterative, so a schema nested 100,000 levels deep is measured, not recursed into. Then the work
+ * of checking values against it is measured with `$ref`s and `allOf`/`anyOf`/`oneOf` expanded
+ * (charged to `budget`, one per request), and loops of them with no property or item between are
+ * refused: see the grammar package's `measureSchema`.
  */
-export function checkSchemaLimits(schema: unknown, param: string): void {
+export function checkSchemaLimits(schema: unknown, param: string, budget = new Budget()): void {
   const fail = (what: string) => {
     throw badRequest(`The JSON schema at ${param} is too large: ${what}.`, param, "schema_too_large");
   };
@@ -126,5 +216,11 @@ export function checkSchemaLimits(schema: unknown, param: string): void {
       }
       stack.push([v, depth + 1]);
     }
+  }
+  try {
+    measureSchema(schema, param, budget);
+  } catch (e) {
+    if (e instanceof GrammarError) throw badRequest(e.message, param, e.code);
+    throw e;
   }
 }

@@ -16,3 +16,5 @@ export { createOpenAICompatible } from "npm:@ai-sdk/openai-compatible@3.0.92";
 export { createOpenAI } from "npm:@ai-sdk/openai@4.0.118";
 export { ChatOpenAI } from "npm:@langchain/openai@1.6.0";
 export { tool as langchainTool } from "npm:@langchain/core@1.4.0/tools";
+// Not a client, but test-only too: the property-based schema test's generator.
+export { default as fc } from "npm:fast-check@4.11.0";

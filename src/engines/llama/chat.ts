@@ -21,9 +21,14 @@ import { PromptCache } from "./prompt_cache.ts";
 import { DEFAULT_PROMPT_CACHE_MIB } from "../../plan/memory.ts";
 import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
-import { JsonGrammar } from "./json_gbnf.ts";
-import { GbnfRules, LruCache, textWithout } from "./gbnf.ts";
-import { AutomatonCache } from "./regex_gbnf.ts";
+import {
+  AutomatonCache,
+  GbnfRules,
+  GrammarError,
+  JsonGrammar,
+  LruCache,
+  textWithout,
+} from "../../grammar/mod.ts";
 import { ChatTemplate, type ThinkingFacts } from "./template.ts";
 import { dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.ts";
 import { OutputParser, type OutputPiece } from "./output_parser.ts";
@@ -100,7 +105,7 @@ export class LlamaChatEngine implements ChatEngine {
   /** Grammars by their inputs: each schema is compiled once. */
   readonly #plans = new LruCache<GrammarPlan>(GRAMMAR_CACHE.entries, GRAMMAR_CACHE.chars);
   /** Automata of JSON-schema `pattern`s, shared by every grammar of this model. */
-  readonly #automata = new AutomatonCache();
+  readonly #automata = new AutomatonCache({ slices: (signal) => new Slicer(3, signal) });
 
   private constructor(
     model: NativeModel,
@@ -458,8 +463,9 @@ export class LlamaChatEngine implements ChatEngine {
     try {
       plan = await this.#automata.build(() => this.#buildPlan(job, mode, inThink, thinking), signal);
     } catch (e) {
-      if (!(e instanceof EngineInputError)) throw e;
-      plan = { kind: "refused", error: e };
+      const error = e instanceof GrammarError ? toEngineError(e, null) : e;
+      if (!(error instanceof EngineInputError)) throw error;
+      plan = { kind: "refused", error };
     }
     this.#plans.set(key, plan, key.length + (plan.kind === "grammar" ? plan.text.length : 0));
     return plan;
@@ -502,8 +508,10 @@ export class LlamaChatEngine implements ChatEngine {
     try {
       text = this.#callsGrammar(job, job.tools, false, false);
     } catch (e) {
-      // `strict` promises the schema: a strict tool whose schema cannot be enforced is refused.
+      // `strict` promises the schema: a strict tool whose schema cannot be enforced is refused, as is
+      // a schema past the work budget, whatever the tool.
       if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
+      if (e.code === "schema_too_large") throw e;
       // Otherwise `auto` promises no grammar: such calls are parsed from free text instead of failing.
       this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
       return { kind: "none" };
@@ -628,11 +636,17 @@ function withParam<T>(param: string, build: () => T): T {
   try {
     return build();
   } catch (e) {
+    if (e instanceof GrammarError) throw toEngineError(e, param);
     if (e instanceof EngineInputError && e.param === null) {
       throw new EngineInputError(e.message, param, e.code);
     }
     throw e;
   }
+}
+
+/** A schema the grammar package refused, as the engine reports bad input (a 400 naming `param`). */
+function toEngineError(e: GrammarError, param: string | null): EngineInputError {
+  return new EngineInputError(e.message, e.param ?? param, e.code);
 }
 
 function escapeRegExp(text: string): string {

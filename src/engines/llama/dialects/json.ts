@@ -2,7 +2,7 @@
  * The JSON dialect (Qwen3, Hermes): `<tool_call>\n{"name": "f", "arguments": {…}}\n</tool_call>`.
  */
 import type { EngineTool } from "../../types.ts";
-import { gbnfLiteral, type JsonGrammar } from "../json_gbnf.ts";
+import { gbnfLiteral, type JsonGrammar } from "../../../grammar/mod.ts";
 import {
   type CallEvent,
   type CallParser,

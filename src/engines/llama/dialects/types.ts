@@ -3,7 +3,7 @@
  * from streamed text (its parser), and how earlier calls are given to its chat template.
  */
 import type { EngineTool } from "../../types.ts";
-import type { JsonGrammar } from "../json_gbnf.ts";
+import type { JsonGrammar } from "../../../grammar/mod.ts";
 
 /** What a call parser reports while the text of one call streams in. */
 export type CallEvent =

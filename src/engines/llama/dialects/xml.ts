@@ -5,8 +5,7 @@
  * are JSON: string values stream as they are written, other values once complete.
  */
 import type { EngineTool } from "../../types.ts";
-import { gbnfLiteral, type JsonGrammar } from "../json_gbnf.ts";
-import { textWithout } from "../gbnf.ts";
+import { gbnfLiteral, type JsonGrammar, textWithout } from "../../../grammar/mod.ts";
 import { objectSchema } from "./json.ts";
 import {
   type CallEvent,

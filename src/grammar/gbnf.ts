@@ -1,8 +1,17 @@
 /**
  * Building blocks of GBNF, llama.cpp's grammar format: quoted literals, character classes, a
- * rule set with unique names, "any text that does not contain X", and a cache for built grammars.
+ * rule set with unique names, and "any text that does not contain X".
  */
-import type { AutomatonCache } from "./regex_gbnf.ts";
+import { Budget, COSTS } from "./budget.ts";
+import { GrammarError } from "./errors.ts";
+import type { AutomatonSource } from "./types.ts";
+
+/**
+ * The largest count llama.cpp's grammar parser takes in a repetition (`x{n}`, `x{m,n}`): a count of
+ * 2,000 or more fails to parse (MAX_REPETITION_THRESHOLD in llama-grammar.cpp), except a maximum
+ * over 2,000, which it silently drops (`x{0,5000}` is read as `x*`).
+ */
+export const MAX_REPETITION = 1999;
 
 /**
  * A GBNF string literal for `text`.
@@ -13,10 +22,12 @@ import type { AutomatonCache } from "./regex_gbnf.ts";
  * ```
  */
 export function gbnfLiteral(text: string): string {
-  let out = '"';
-  for (const ch of text) out += escapeChar(ch, '"');
-  return out + '"';
+  return `"${text.replace(LITERAL_ESCAPES, (ch) => escapeChar(ch, '"'))}"`;
 }
+
+/** The characters a GBNF literal escapes (a regular expression replace is many times faster than a loop). */
+// deno-lint-ignore no-control-regex
+const LITERAL_ESCAPES = /[\\"\x00-\x1f\x7f]/g;
 
 /** A character class matching exactly `chars` (negated: every character but them). */
 export function gbnfClass(chars: Iterable<string>, negated = false): string {
@@ -61,20 +72,31 @@ function escapeChar(ch: string, quote: string): string {
 export class GbnfRules {
   readonly #rules = new Map<string, string>();
   readonly #byBody = new Map<string, string>();
+  /** The next suffix to try for each base name (names are never freed: the ones below are taken). */
+  readonly #nextSuffix = new Map<string, number>();
   readonly #prefix: string;
   /** Rules added as text ({@link addText}), and how many. */
   readonly #texts: string[] = [];
   #textRules = 0;
+  /** The work this grammar may cost: every rule written is charged to it. */
+  readonly budget: Budget;
 
-  /** `automata`: compiled `pattern` automata to reuse (see {@link AutomatonCache}). */
-  constructor(prefix = "", readonly automata?: AutomatonCache) {
+  /**
+   * `automata`: where compiled `pattern` automata come from (an `AutomatonCache`, say); `budget`: the
+   * work the grammar may cost (default: the running build's budget of `automata`, else a new one).
+   */
+  constructor(prefix = "", readonly automata?: AutomatonSource, budget?: Budget) {
     this.#prefix = prefix.replace(/[^a-zA-Z0-9-]/g, "-");
+    this.budget = budget ?? automata?.budget ?? new Budget();
   }
 
   /** Adds a rule and returns its name (an existing rule with the same body is reused). */
   add(hint: string, body: string): string {
     const existing = this.#byBody.get(body);
-    if (existing) return existing;
+    if (existing) {
+      this.budget.charge(body.length * COSTS.char);
+      return existing;
+    }
     const name = this.reserve(hint);
     this.define(name, body);
     return name;
@@ -85,13 +107,19 @@ export class GbnfRules {
     const base = `${this.#prefix}${hint.replace(/[^a-zA-Z0-9-]/g, "-").replace(/-+/g, "-") || "r"}`
       .toLowerCase();
     let name = base;
-    for (let i = 1; this.#rules.has(name); i++) name = `${base}-${i}`;
+    let i = this.#nextSuffix.get(base) ?? 1;
+    if (this.#rules.has(name)) {
+      for (name = `${base}-${i}`; this.#rules.has(name); name = `${base}-${++i}`);
+      this.#nextSuffix.set(base, i + 1);
+    }
+    this.budget.charge((name.length + 8) * COSTS.char);
     this.#rules.set(name, "");
     return name;
   }
 
   /** Sets the body of a reserved rule. */
   define(name: string, body: string): void {
+    this.budget.charge(body.length * COSTS.char);
     this.#rules.set(name, body);
     if (!this.#byBody.has(body)) this.#byBody.set(body, name);
   }
@@ -101,8 +129,48 @@ export class GbnfRules {
    * {@link reserve} never gives (it gives lower case only: e.g. a reserved name + `-S1`).
    */
   addText(text: string, count: number): void {
+    this.budget.charge(text.length * COSTS.copiedChar);
     this.#texts.push(text);
     this.#textRules += count;
+  }
+
+  /**
+   * `symbol` (one rule name, literal or class) repeated `min` to `max` times (`max` undefined: no
+   * bound), written as llama.cpp can parse it, and charged for the rules llama.cpp writes out for it.
+   * A maximum over {@link MAX_REPETITION} is left out (`bounded` false: the caller must check it
+   * another way); a minimum over it is refused naming `keyword`.
+   *
+   * @example
+   * ```ts
+   * const rules = new GbnfRules();
+   * rules.repeat("char", 1, 20, "minLength"); // { text: "char{1,20}", bounded: true }
+   * rules.repeat("char", 0, 5000, "minLength"); // { text: "char{0,}", bounded: false }
+   * ```
+   */
+  repeat(
+    symbol: string,
+    min: number,
+    max: number | undefined,
+    keyword: string,
+  ): { text: string; bounded: boolean } {
+    if (min > MAX_REPETITION) {
+      throw new GrammarError(
+        `The JSON schema keyword '${keyword}' asks for ${min}; a grammar can require at most ${MAX_REPETITION} ` +
+          "(llama.cpp's repetition limit).",
+        { code: "unsupported_schema", keyword },
+      );
+    }
+    if (max !== undefined && max < min) {
+      // llama.cpp reads `x{5,3}` as 2^64 − 2 optional copies: it would fill memory.
+      throw new GrammarError(`A repetition of at least ${min} and at most ${max} is empty.`, {
+        code: "invalid_schema",
+        keyword,
+      });
+    }
+    const bounded = max === undefined || max <= MAX_REPETITION;
+    const hi = max !== undefined && max <= MAX_REPETITION ? max : undefined;
+    this.budget.charge(((hi ?? min) + 1) * COSTS.repetition);
+    return { text: `${symbol}{${min},${hi ?? ""}}`, bounded };
   }
 
   /** Rules defined so far. */
@@ -183,53 +251,4 @@ export function textWithout(rules: GbnfRules, hint: string, markers: string | re
     rules.define(names.get(state)!, `( ${alts.join(" | ")} )?`);
   }
   return names.get(0)!;
-}
-
-/**
- * A map that keeps its most recently used entries, within a number of entries and a total size
- * (what `size` means is the caller's: characters, say).
- *
- * @example
- * ```ts
- * const texts = new LruCache<string>(2);
- * texts.set("a", "root ::= \"a\"", 14);
- * texts.get("a"); // 'root ::= "a"'
- * ```
- */
-export class LruCache<V> {
-  readonly #entries = new Map<string, { value: V; size: number }>();
-  #size = 0;
-
-  constructor(readonly maxEntries: number, readonly maxSize = Infinity) {}
-
-  /** The value for `key`, now the most recently used; undefined when absent. */
-  get(key: string): V | undefined {
-    const entry = this.#entries.get(key);
-    if (!entry) return undefined;
-    this.#entries.delete(key);
-    this.#entries.set(key, entry);
-    return entry.value;
-  }
-
-  /** Stores `value`, dropping the least recently used entries beyond the bounds. */
-  set(key: string, value: V, size = 0): void {
-    const old = this.#entries.get(key);
-    if (old) {
-      this.#entries.delete(key);
-      this.#size -= old.size;
-    }
-    if (size > this.maxSize) return;
-    this.#entries.set(key, { value, size });
-    this.#size += size;
-    for (const [k, e] of this.#entries) {
-      if (this.#entries.size <= this.maxEntries && this.#size <= this.maxSize) break;
-      this.#entries.delete(k);
-      this.#size -= e.size;
-    }
-  }
-
-  /** Entries held. */
-  get size(): number {
-    return this.#entries.size;
-  }
 }

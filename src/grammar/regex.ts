@@ -13,28 +13,25 @@
  * slices between other work; automata are cached by pattern ({@link AutomatonCache}).
  */
 
-import { EngineInputError } from "../types.ts";
-import { Slicer } from "../../event_loop.ts";
-import { type GbnfRules, LruCache } from "./gbnf.ts";
+import type { GbnfRules } from "./gbnf.ts";
+import { Budget, budgetError, COSTS, SCHEMA_BUDGET } from "./budget.ts";
+import { LruCache } from "./lru.ts";
+import { GrammarError } from "./errors.ts";
+import type { AutomatonSource, PatternAutomaton, StringConstraints } from "./types.ts";
 
-/** Thrown for a pattern the grammar cannot express; the message says what. */
-export class PatternError extends Error {
+export type { PatternAutomaton, StringConstraints };
+
+/**
+ * Thrown for a pattern the grammar cannot express, or whose automaton outgrows its bound; the
+ * message says what (a phrase the caller puts in its own sentence).
+ */
+export class PatternError extends GrammarError {
   /** Whether the automaton outgrew its bound (the pattern itself may be fine on its own). */
   readonly tooLarge: boolean;
   constructor(message: string, tooLarge = false) {
-    super(message);
+    super(message, { code: tooLarge ? "schema_too_large" : "unsupported_schema", keyword: "pattern" });
     this.tooLarge = tooLarge;
   }
-}
-
-/**
- * What the text of a string must satisfy at once: every pattern (each as JSON Schema means it) and
- * the length bounds, counted in code points as JSON Schema counts them.
- */
-export interface StringConstraints {
-  patterns: readonly string[];
-  minLength?: number;
-  maxLength?: number;
 }
 
 /** Most automaton states a pattern may need. */
@@ -611,9 +608,10 @@ function* lengthDfa(
 }
 
 /**
- * Bounds on the work of building one automaton, and of all those one request needs; beyond them a
- * request is a 400 `schema_too_large` ({@link PatternTooLargeError}). A step is about one move of one
- * automaton state on one letter (a fraction of a microsecond): a million take well under a second.
+ * Bounds on the work of building one automaton; beyond them a request is a 400 `schema_too_large`
+ * ({@link PatternTooLargeError}). A step is about one move of one automaton state on one letter (a
+ * fraction of a microsecond): a million take well under a second. All the automata of one request
+ * are bounded by its schema budget (a step is one unit of it).
  */
 export const PATTERN_LIMITS = {
   /** Characters of one pattern. */
@@ -624,19 +622,17 @@ export const PATTERN_LIMITS = {
   maxNfaStates: 20_000,
   /** Steps to build one automaton. */
   maxSteps: 1_000_000,
-  /** Steps to build every automaton one request needs. */
-  maxRequestSteps: 4_000_000,
   /** Moves (rule alternatives) of one automaton. */
   maxMoves: 100_000,
   /** Characters of the automata rules in one grammar (the synchronous part of building it is a copy). */
   maxRequestChars: 4_000_000,
 } as const;
 
-/** A pattern (or constraints) too costly to compile: a 400 `schema_too_large` naming the limit. */
-export class PatternTooLargeError extends EngineInputError {
+/** A pattern (or constraints) too costly to compile: `schema_too_large`, naming the limit. */
+export class PatternTooLargeError extends GrammarError {
   /** `perRequest`: the request's budget ran out (the same pattern may compile in another request). */
   constructor(what: string, readonly perRequest = false) {
-    super(`The JSON schema is too large to enforce: ${what}.`, null, "schema_too_large");
+    super(`The JSON schema is too large to enforce: ${what}.`, { code: "schema_too_large" });
   }
 }
 
@@ -657,21 +653,6 @@ class Meter {
     this.#yielded = this.used;
     return true;
   }
-}
-
-/**
- * A compiled string constraint as GBNF rules, one per live state, written once: the text is
- * `json.join(name)` (or `raw`, for unescaped text), whose start rule is `name` + `-S0`.
- */
-export interface PatternAutomaton {
-  /** Rules (live states). */
-  states: number;
-  /** The rules' text, cut where their name prefix goes: as JSON-escaped string content. */
-  json: string[];
-  /** The same for raw text. */
-  raw: string[];
-  /** Characters of `json` (without the name prefixes). */
-  chars: number;
 }
 
 /** Builds the automaton of `c`, a step at a time (each `yield` is a point where other work may run). */
@@ -748,6 +729,7 @@ function* automatonSteps(c: StringConstraints, meter: Meter): Generator<void, Pa
     json: text,
     raw: raw.segments(),
     chars: text.reduce((n, t) => n + t.length, 0),
+    steps: meter.used,
   };
 }
 
@@ -799,9 +781,38 @@ function runSteps<T>(steps: Generator<void, T>): T {
   }
 }
 
-/** Runs a stepwise build in slices of about `sliceMs`, letting the event loop run between them. */
-async function runSliced<T>(steps: Generator<void, T>, signal?: AbortSignal, sliceMs = 3): Promise<T> {
-  const slices = new Slicer(sliceMs, signal);
+/**
+ * Cuts long work into slices: {@link due} says the current slice is used up, {@link pause} lets other
+ * work run (and throws if the work was cancelled meanwhile). The server's event-loop slicer has
+ * this shape.
+ */
+export interface Slices {
+  readonly due: boolean;
+  pause(): Promise<void>;
+}
+
+/** Slices for one build, cancelled by `signal`. */
+export type SliceSource = (signal?: AbortSignal) => Slices;
+
+/** Slices of `sliceMs` with a timer turn between them (the default where the caller gives none). */
+export function timerSlices(sliceMs = 3): SliceSource {
+  return (signal) => {
+    let since = performance.now();
+    return {
+      get due() {
+        return performance.now() - since >= sliceMs;
+      },
+      async pause() {
+        await new Promise((resolve) => setTimeout(resolve, 0));
+        signal?.throwIfAborted();
+        since = performance.now();
+      },
+    };
+  };
+}
+
+/** Runs a stepwise build in slices, letting other work run between them. */
+async function runSliced<T>(steps: Generator<void, T>, slices: Slices): Promise<T> {
   for (;;) {
     const r = steps.next();
     if (r.done) return r.value;
@@ -809,16 +820,19 @@ async function runSliced<T>(steps: Generator<void, T>, signal?: AbortSignal, sli
   }
 }
 
-/** A meter for one automaton: the per-automaton bound, or what is left of the request's. */
-function automatonMeter(requestLeft = Infinity): Meter {
-  const limit = Math.min(PATTERN_LIMITS.maxSteps, requestLeft);
-  return new Meter(limit, () =>
-    limit < PATTERN_LIMITS.maxSteps
-      ? new PatternTooLargeError(
-        `its patterns need more than ${PATTERN_LIMITS.maxRequestSteps} automaton steps in all`,
-        true,
-      )
-      : new PatternTooLargeError(`a pattern needs more than ${PATTERN_LIMITS.maxSteps} automaton steps`));
+/**
+ * A meter for one automaton: the per-automaton bound, or what is left of the request's budget
+ * (`limit`: the budget's size, for the message).
+ */
+function automatonMeter(requestLeft = Infinity, limit = SCHEMA_BUDGET): Meter {
+  const steps = Math.min(PATTERN_LIMITS.maxSteps, requestLeft);
+  return new Meter(
+    steps,
+    () =>
+      steps < PATTERN_LIMITS.maxSteps
+        ? new PatternTooLargeError(budgetError(limit, "compiling its patterns").message, true)
+        : new PatternTooLargeError(`a pattern needs more than ${PATTERN_LIMITS.maxSteps} automaton steps`),
+  );
 }
 
 /** One grammar build's automata still to compile, and those the request's budget refused. */
@@ -827,6 +841,8 @@ interface BuildSession {
   refused: Map<string, Error>;
   /** Characters of the automata rules this pass writes (bounds the synchronous part of a build). */
   chars: number;
+  /** This pass's budget: the automata it uses (their steps) and the rest of its work. */
+  budget: Budget;
 }
 
 /**
@@ -837,7 +853,7 @@ interface BuildSession {
  *
  * @example
  * ```ts
- * import { JsonGrammar } from "./json_gbnf.ts";
+ * import { JsonGrammar } from "./json_schema.ts";
  * import { GbnfRules } from "./gbnf.ts";
  * const automata = new AutomatonCache();
  * const text = await automata.build(() => {
@@ -846,15 +862,36 @@ interface BuildSession {
  * });
  * ```
  */
-export class AutomatonCache {
+export class AutomatonCache implements AutomatonSource {
   readonly #entries: LruCache<PatternAutomaton | Error>;
+  readonly #slices: SliceSource;
+  /** Work units one build may cost: its automata's steps and the rest of the grammar. */
+  readonly #limit: number;
   #session?: BuildSession;
   #turn: Promise<void> = Promise.resolve();
+  /** The turn of the last grammar build pass queued (see {@link build}). */
+  #passTurn: Promise<void> = Promise.resolve();
   /** Automata compiled (or refused) so far: with a warm cache, building a grammar compiles none. */
   compiled = 0;
 
-  constructor(maxEntries = 256, maxChars = 32 * 1024 * 1024) {
-    this.#entries = new LruCache(maxEntries, maxChars);
+  /**
+   * `slices`: how {@link build} cuts its compilations (default: 3 ms slices with a timer turn
+   * between them); at most `maxEntries` automata of `maxChars` characters of rules in all are kept.
+   */
+  constructor(
+    opts: { slices?: SliceSource; budget?: number; maxEntries?: number; maxChars?: number } = {},
+  ) {
+    this.#entries = new LruCache(opts.maxEntries ?? 256, opts.maxChars ?? 32 * 1024 * 1024);
+    this.#slices = opts.slices ?? timerSlices();
+    this.#limit = opts.budget ?? SCHEMA_BUDGET;
+  }
+
+  /**
+   * The budget of the pass of {@link build} running now: grammars built in it charge their work,
+   * and the steps of every automaton they use, to it.
+   */
+  get budget(): Budget | undefined {
+    return this.#session?.budget;
   }
 
   /**
@@ -887,11 +924,24 @@ export class AutomatonCache {
    * missing ones are compiled in between, in slices, within the request's step budget.
    */
   async build<T>(build: () => T, signal?: AbortSignal): Promise<T> {
-    const session: BuildSession = { missing: new Map(), refused: new Map(), chars: 0 };
-    let used = 0;
+    const session: BuildSession = {
+      missing: new Map(),
+      refused: new Map(),
+      chars: 0,
+      budget: new Budget(this.#limit),
+    };
+    const slices = this.#slices(signal);
     for (;;) {
+      // A pass is synchronous (up to the budget: about 20 ms): passes of all requests take turns,
+      // each on a turn of the event loop of its own, so two never run without other work between.
+      const turn = this.#passTurn.then(() => slices.pause());
+      this.#passTurn = turn.catch(() => {});
+      await turn;
       session.missing.clear();
       session.chars = 0;
+      // Each pass does the whole build again: its budget starts afresh and is charged again the
+      // steps of every automaton it uses (compiled in an earlier pass or request, or just now).
+      session.budget = new Budget(this.#limit);
       this.#session = session;
       let result: { value: T } | { error: unknown };
       try {
@@ -906,14 +956,16 @@ export class AutomatonCache {
         if ("error" in result) throw result.error;
         return result.value;
       }
+      // What the pass used, with the automata it did not have yet: the next pass adds their steps.
+      let used = session.budget.used;
       for (const [key, c] of session.missing) {
         await this.#oneAtATime(async () => {
           signal?.throwIfAborted();
           if (this.#entries.get(key) !== undefined) return; // compiled for another request meanwhile
-          const meter = automatonMeter(PATTERN_LIMITS.maxRequestSteps - used);
+          const meter = automatonMeter(this.#limit - used, this.#limit);
           this.compiled++;
           try {
-            const automaton = await runSliced(automatonSteps(c, meter), signal);
+            const automaton = await runSliced(automatonSteps(c, meter), this.#slices(signal));
             this.#entries.set(key, automaton, 2 * automaton.chars);
           } catch (e) {
             // The request's budget ran out: refused for this request only, not for the pattern.
@@ -973,13 +1025,16 @@ export function patternRules(
   const c = typeof constraints === "string" ? { patterns: [constraints] } : constraints;
   const automaton = rules.automata
     ? rules.automata.automaton(c)
-    : runSteps(automatonSteps(c, automatonMeter()));
+    : runSteps(automatonSteps(c, automatonMeter(rules.budget.left, rules.budget.limit)));
   const name = rules.reserve(hint);
   if (!automaton) {
     // Not compiled yet: a stand-in for this pass of the build (the next pass has the automaton).
     rules.define(name, '""');
     return name;
   }
+  // Every use of an automaton costs the steps of compiling it, cached or not: a request's verdict
+  // does not depend on what other requests compiled before it.
+  rules.budget.charge(automaton.steps * COSTS.automatonStep, "compiling its patterns");
   rules.define(name, `${name}-S0`);
   rules.addText((json ? automaton.json : automaton.raw).join(name), automaton.states);
   return name;

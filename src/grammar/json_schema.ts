@@ -10,14 +10,16 @@
  *   would pass 4,000 states; `minProperties` over 1 on a free-form map (keys could repeat); property
  *   counts over declared properties past 4,000 rules; `oneOf` whose alternatives no required
  *   `const`/`enum` tag keeps apart. {@link JsonGrammar.validated} names each one met.
- * Anything else is refused (an {@link EngineInputError} naming the keyword and where it is), as is
+ * Anything else is refused (a {@link GrammarError} naming the keyword and where it is), as is
  * any schema the output check could not compile (a keyword value of the wrong kind, a pattern that is
  * not an ECMA-262 regular expression, a $ref that points nowhere).
  */
-import { EngineInputError } from "../types.ts";
-import { gbnfClass, gbnfLiteral, GbnfRules } from "./gbnf.ts";
-import { multipleOfInteger, numberRange } from "./json_ranges.ts";
-import { PatternError, patternRules } from "./regex_gbnf.ts";
+import { type Budget, COSTS } from "./budget.ts";
+import { GrammarError, type GrammarErrorCode } from "./errors.ts";
+import { gbnfLiteral, GbnfRules, MAX_REPETITION } from "./gbnf.ts";
+import { measureSchema, resolvePointer } from "./measure.ts";
+import { EmptyRangeError, multipleOfInteger, numberRange } from "./ranges.ts";
+import { PatternError, patternRules } from "./regex.ts";
 
 /** Keywords that only describe: skipped. */
 const ANNOTATIONS = new Set([
@@ -215,9 +217,14 @@ export class JsonGrammar {
   readonly #limits: SchemaLimits;
   #primitives = false;
 
+  /** `rules`: where the rules go, and the budget their work is charged to ({@link GbnfRules.budget}). */
   constructor(rules = new GbnfRules(), limits: SchemaLimits = DEFAULT_LIMITS) {
     this.rules = rules;
     this.#limits = limits;
+  }
+
+  get #budget(): Budget {
+    return this.rules.budget;
   }
 
   /** Optional whitespace between JSON tokens (bounded, so a model cannot pad forever). */
@@ -239,8 +246,11 @@ export class JsonGrammar {
   schema(schema: unknown, param: string, hint: string): string {
     this.#ensurePrimitives();
     const ctx: Context = { root: schema, param, refs: new Map(), hint };
-    this.#checkCompilable(schema, ctx);
-    return this.#rule(schema, ctx, "#", 0, hint);
+    return named(param, () => {
+      this.#checkCompilable(schema, ctx);
+      measureSchema(schema, param, this.#budget);
+      return this.#rule(schema, ctx, "#", 0, hint);
+    });
   }
 
   /**
@@ -264,6 +274,7 @@ export class JsonGrammar {
     };
     while (stack.length > 0) {
       const [node, path, depth] = stack.pop()!;
+      this.#budget.charge(COSTS.checkedNode);
       if (typeof node === "boolean") continue;
       if (depth > this.#limits.maxDepth) {
         this.#fail(
@@ -379,11 +390,36 @@ export class JsonGrammar {
     );
   }
 
-  #fail(ctx: Context, message: string, code = "unsupported_schema"): never {
-    throw new EngineInputError(message, ctx.param, code);
+  #fail(
+    ctx: Context,
+    message: string,
+    code: GrammarErrorCode = "unsupported_schema",
+    at?: { keyword: string; path: string },
+  ): never {
+    throw new GrammarError(message, { code, param: ctx.param, ...at });
+  }
+
+  /**
+   * A minimum count the grammar must enforce (`minLength`, `minItems`, `minProperties`): beyond
+   * llama.cpp's repetition limit no grammar can, and leaving it to the output check would only fail
+   * after generating: refused, naming the keyword.
+   */
+  #minimum(ctx: Context, path: string, keyword: string, n: number): number {
+    if (n > MAX_REPETITION) {
+      this.#fail(
+        ctx,
+        `The JSON schema keyword '${keyword}' at ${path} is ${n}; a grammar can require at most ${MAX_REPETITION} ` +
+          "(llama.cpp's repetition limit), so no output could be guaranteed to meet it.",
+        "unsupported_schema",
+        { keyword, path },
+      );
+    }
+    return n;
   }
 
   #rule(schema: unknown, ctx: Context, path: string, depth: number, hint: string): string {
+    // Paths and rule names grow with nesting: their text is work too.
+    this.#budget.charge(COSTS.node + (path.length + hint.length) * COSTS.char);
     if (depth > this.#limits.maxDepth) {
       this.#fail(
         ctx,
@@ -468,7 +504,7 @@ export class JsonGrammar {
       const alts = alternatives.map((a, i) => {
         let alt = a;
         if (Object.keys(rest).length > 0 && isObject(a)) {
-          const merged = mergeSchemas(rest, a as Schema);
+          const merged = mergeSchemas(rest, a as Schema, this.#budget);
           // Siblings that do not merge into this alternative are left to the output check.
           if (merged) alt = merged;
           else Object.keys(rest).forEach((k) => this.validated.add(k));
@@ -512,6 +548,10 @@ export class JsonGrammar {
    * const, format, pattern, length bounds; `other` is the rule for free text. For the XML dialect.
    */
   rawString(schema: Schema, param: string, hint: string, other: () => string): string {
+    return named(param, () => this.#rawString(schema, param, hint, other));
+  }
+
+  #rawString(schema: Schema, param: string, hint: string, other: () => string): string {
     this.#ensurePrimitives();
     const ctx: Context = { root: schema, param, refs: new Map(), hint };
     this.#checkCompilable(schema, ctx);
@@ -533,7 +573,7 @@ export class JsonGrammar {
       }
       const rest = omit(schema, [key, ...ANNOTATIONS]);
       const alts = alternatives.map((a, i) => {
-        const merged = isObject(a) ? mergeSchemas(rest, a as Schema) : undefined;
+        const merged = isObject(a) ? mergeSchemas(rest, a as Schema, this.#budget) : undefined;
         if (!merged) Object.keys(rest).forEach((k) => this.validated.add(k));
         return this.rawString(merged ?? a as Schema, param, `${hint}-${i}`, other);
       });
@@ -545,7 +585,9 @@ export class JsonGrammar {
     const max = schema.maxLength === undefined ? undefined : bound(schema.maxLength, 0);
     if (min === 0 && max === undefined) return other();
     // Bounded raw text: characters other than '<' keep it clear of the closing tag.
-    return this.rules.add(`${hint}-raw`, `[^<]{${min},${max ?? ""}}`);
+    const chars = this.rules.repeat("[^<]", min, max, "minLength");
+    if (!chars.bounded) this.validated.add("maxLength");
+    return this.rules.add(`${hint}-raw`, chars.text);
   }
 
   #number(type: "integer" | "number", s: Schema, ctx: Context, path: string, hint: string): string {
@@ -591,8 +633,35 @@ export class JsonGrammar {
     if (min === undefined && max === undefined) return integer ? "integer" : "number";
     try {
       return numberRange(this.rules, hint, { min, max, exclusiveMin: exMin, exclusiveMax: exMax, integer });
-    } catch {
-      this.#fail(ctx, `${path}: no ${type} lies within its minimum and maximum.`, "invalid_schema");
+    } catch (e) {
+      if (!(e instanceof EmptyRangeError)) throw e;
+      const lowKey = exMin ? "exclusiveMinimum" : "minimum";
+      const highKey = exMax ? "exclusiveMaximum" : "maximum";
+      const bounds = [
+        ...(min === undefined ? [] : [`${lowKey} ${min}`]),
+        ...(max === undefined ? [] : [`${highKey} ${max}`]),
+      ].join(" and ");
+      // No value at all, or none a grammar writes (digits are bounded, exponents are not written).
+      const lo = min === undefined
+        ? -Infinity
+        : integer
+        ? (exMin ? Math.floor(min) + 1 : Math.ceil(min))
+        : min;
+      const hi = max === undefined
+        ? Infinity
+        : integer
+        ? (exMax ? Math.ceil(max) - 1 : Math.floor(max))
+        : max;
+      const none = lo > hi || (!integer && lo === hi && (exMin || exMax));
+      this.#fail(
+        ctx,
+        none
+          ? `The JSON schema at ${path}: no ${type} lies within ${bounds}.`
+          : `The JSON schema at ${path}: no ${type} a grammar can write lies within ${bounds} ` +
+            "(numbers are written with at most 16 digits before the point and 16 after it, without exponent).",
+        none ? "invalid_schema" : "unsupported_schema",
+        { keyword: min === undefined ? highKey : lowKey, path },
+      );
     }
   }
 
@@ -602,7 +671,10 @@ export class JsonGrammar {
     const min = bound(s.minLength, 0);
     const max = s.maxLength === undefined ? undefined : bound(s.maxLength, 0);
     if (min === 0 && max === undefined) return "string";
-    return this.rules.add(`${hint}-str`, `"\\"" char{${min},${max ?? ""}} "\\""`);
+    // A maximum beyond what llama.cpp can count is left to the output check.
+    const chars = this.rules.repeat("char", min, max, "minLength");
+    if (!chars.bounded) this.validated.add("maxLength");
+    return this.rules.add(`${hint}-str`, `"\\"" ${chars.text} "\\""`);
   }
 
   /**
@@ -611,7 +683,7 @@ export class JsonGrammar {
    * the lengths and then the format are left to the output check (and recorded as validated).
    */
   #stringText(s: Schema, ctx: Context, path: string, hint: string, json: boolean): string | undefined {
-    const min = bound(s.minLength, 0);
+    const min = this.#minimum(ctx, path, "minLength", bound(s.minLength, 0));
     const max = s.maxLength === undefined ? undefined : bound(s.maxLength, 0);
     if (max !== undefined && max < min) {
       this.#fail(ctx, `${path}: maxLength is below minLength.`, "invalid_schema");
@@ -691,13 +763,27 @@ export class JsonGrammar {
         ? "value"
         : this.#rule(extra, ctx, `${path}/additionalProperties`, depth + 1, `${hint}-extra`);
       if (value === "value" && minProps === 0 && maxProps === undefined) return "object";
-      const kv = `string ws ":" ws ${value} ws`;
+      this.#minimum(ctx, path, "minProperties", minProps);
+      if (maxProps !== undefined && maxProps < minProps) {
+        this.#fail(ctx, `${path}: maxProperties is below minProperties.`, "invalid_schema", {
+          keyword: "maxProperties",
+          path,
+        });
+      }
+      const kv = this.rules.add(`${hint}-kv`, `string ws ":" ws ${value} ws`);
       // Keys may repeat in the grammar (JSON.parse keeps the last), so maxProperties holds, while
       // minProperties over 1 needs distinct keys: that is left to the output check.
       if (minProps > 1) this.validated.add("minProperties");
-      const first = minProps > 0
-        ? `${kv} ( "," ws ${kv} ){${minProps - 1},${maxProps === undefined ? "" : maxProps - 1}}`
-        : `( ${kv} ( "," ws ${kv} ){0,${maxProps === undefined ? "" : maxProps - 1}} )?`;
+      // The entries after the first, as one rule repeated (llama.cpp counts a repeated group's rules).
+      const more = this.rules.repeat(
+        this.rules.add(`${hint}-kvs`, `"," ws ${kv}`),
+        Math.max(0, minProps - 1),
+        maxProps === undefined ? undefined : maxProps - 1,
+        "minProperties",
+      );
+      if (!more.bounded) this.validated.add("maxProperties");
+      const entries = `${kv} ${more.text}`;
+      const first = minProps > 0 ? entries : `${this.rules.add(`${hint}-entries`, entries)}?`;
       return this.rules.add(`${hint}-map`, `"{" ws ${first} "}"`);
     }
     // Properties in declared order: required ones always, optional ones possibly.
@@ -781,7 +867,7 @@ export class JsonGrammar {
     const item = restSchema === false
       ? undefined
       : this.#rule(restSchema ?? true, ctx, `${path}/items`, depth + 1, `${hint}-item`);
-    const min = bound(s.minItems, 0);
+    const min = this.#minimum(ctx, path, "minItems", bound(s.minItems, 0));
     let max = s.maxItems === undefined ? undefined : bound(s.maxItems, 0);
     if (!item) max = Math.min(max ?? fixed.length, fixed.length);
     if (max !== undefined && max < min) {
@@ -791,19 +877,22 @@ export class JsonGrammar {
         "invalid_schema",
       );
     }
-    const range = (lo: number, hi: number | undefined) => `{${lo},${hi === undefined ? "" : hi}}`;
+    // Elements after the first, `lo` to `hi` of them: one rule repeated (llama.cpp counts the rules
+    // of a repeated group); a maximum beyond what llama.cpp can count is left to the output check.
+    const more = (lo: number, hi: number | undefined) => {
+      const r = this.rules.repeat(this.rules.add(`${hint}-more`, `"," ws ${item} ws`), lo, hi, "minItems");
+      if (!r.bounded) this.validated.add("maxItems");
+      return r.text;
+    };
     // Elements from position i on (a comma precedes every element but the first).
     const from = (i: number): string => {
       if (max !== undefined && i >= max) return "";
       if (i >= fixed.length) {
         const lo = Math.max(0, min - i);
         const hi = max === undefined ? undefined : max - i;
-        if (i === 0) {
-          return lo === 0
-            ? `( ${item} ws ( "," ws ${item} ws )${range(0, hi === undefined ? undefined : hi - 1)} )?`
-            : `${item} ws ( "," ws ${item} ws )${range(lo - 1, hi === undefined ? undefined : hi - 1)}`;
-        }
-        return `( "," ws ${item} ws )${range(lo, hi)}`;
+        if (i > 0) return more(lo, hi);
+        const list = `${item} ws ${more(Math.max(0, lo - 1), hi === undefined ? undefined : hi - 1)}`;
+        return lo === 0 ? `${this.rules.add(`${hint}-list`, list)}?` : list;
       }
       const rest = from(i + 1);
       const body = `${i === 0 ? "" : '"," ws '}${fixed[i]} ws${
@@ -832,7 +921,7 @@ export class JsonGrammar {
       if (isObject(p) && (p as Schema).allOf !== undefined) {
         p = this.#mergeAllOf(p as Schema, ctx, `${path}/allOf/${i}`);
       }
-      merged = isObject(p) ? mergeSchemas(merged, p as Schema) : undefined;
+      merged = isObject(p) ? mergeSchemas(merged, p as Schema, this.#budget) : undefined;
       if (!merged) {
         this.#fail(
           ctx,
@@ -854,14 +943,24 @@ export class JsonGrammar {
   }
 
   #resolve(ref: string, ctx: Context, path: string): Schema {
-    const m = ref.match(/^#\/(\$defs|definitions)\/(.+)$/);
-    if (!m) this.#fail(ctx, `The JSON schema $ref '${ref}' at ${path} is not a local '#/$defs/…' reference.`);
-    const defs = (ctx.root as Schema)?.[m[1]] as Record<string, unknown> | undefined;
-    const name = decodeURIComponent(m[2].replaceAll("~1", "/").replaceAll("~0", "~"));
-    if (!defs || !(name in defs) || !isObject(defs[name])) {
-      this.#fail(ctx, `The JSON schema $ref '${ref}' at ${path} points nowhere.`, "invalid_schema");
+    this.#budget.charge(COSTS.ref);
+    if (ref !== "#" && !ref.startsWith("#/")) {
+      this.#fail(
+        ctx,
+        `The JSON schema $ref '${
+          ref.slice(0, 200)
+        }' at ${path} is not a local reference ('#' or '#/…', e.g. '#/$defs/Name').`,
+      );
     }
-    return defs[name] as Schema;
+    const target = resolvePointer(ctx.root, ref);
+    if (!isObject(target)) {
+      this.#fail(
+        ctx,
+        `The JSON schema $ref '${ref.slice(0, 200)}' at ${path} points nowhere.`,
+        "invalid_schema",
+      );
+    }
+    return target as Schema;
   }
 
   #ref(ref: string, ctx: Context, path: string, depth: number): string {
@@ -981,6 +1080,15 @@ export function multiplesBetween(
   return alts.length === 0 ? null : rules.add(`${hint}-range`, alts.join(" | "));
 }
 
+/** Runs `build`; a {@link GrammarError} it throws without a param gets `param`. */
+function named<T>(param: string, build: () => T): T {
+  try {
+    return build();
+  } catch (e) {
+    throw e instanceof GrammarError ? e.withParam(param) : e;
+  }
+}
+
 interface Context {
   root: unknown;
   param: string;
@@ -1083,7 +1191,8 @@ function disjoint(alternatives: unknown[], resolve: (s: unknown, path: string) =
  * Two schemas as one whose instances satisfy both, or undefined when that is not expressible here
  * (e.g. two different `const` values, or keywords with different values this merge cannot combine).
  */
-export function mergeSchemas(a: Schema, b: Schema): Schema | undefined {
+export function mergeSchemas(a: Schema, b: Schema, budget?: Budget): Schema | undefined {
+  budget?.charge((Object.keys(a).length + Object.keys(b).length) * COSTS.mergeKey);
   const out: Schema = { ...a };
   for (const [k, v] of Object.entries(b)) {
     if (!(k in out) || ANNOTATIONS.has(k)) {
@@ -1091,7 +1200,9 @@ export function mergeSchemas(a: Schema, b: Schema): Schema | undefined {
       continue;
     }
     const w = out[k];
-    if (JSON.stringify(w) === JSON.stringify(v)) continue;
+    const [tw, tv] = [JSON.stringify(w), JSON.stringify(v)];
+    budget?.charge(((tw?.length ?? 0) + (tv?.length ?? 0)) * COSTS.char);
+    if (tw === tv) continue;
     switch (k) {
       case "properties": {
         const props = { ...(w as Schema) };
@@ -1099,7 +1210,7 @@ export function mergeSchemas(a: Schema, b: Schema): Schema | undefined {
           if (!(name in props)) props[name] = ps;
           else {
             const m = isObject(props[name]) && isObject(ps)
-              ? mergeSchemas(props[name] as Schema, ps as Schema)
+              ? mergeSchemas(props[name] as Schema, ps as Schema, budget)
               : undefined;
             if (!m) return undefined;
             props[name] = m;
@@ -1151,6 +1262,3 @@ export function mergeSchemas(a: Schema, b: Schema): Schema | undefined {
   }
   return out;
 }
-
-/** Re-exported for callers that quote plain literals next to JSON rules. */
-export { gbnfClass, gbnfLiteral };

@@ -5,6 +5,13 @@
  */
 import type { GbnfRules } from "./gbnf.ts";
 
+/** No number the range grammar can write lies within the bounds. */
+export class EmptyRangeError extends Error {
+  constructor() {
+    super("no number the grammar can write lies within the bounds");
+  }
+}
+
 /** A bound: its decimal text (no sign, no exponent) and whether it is included. */
 interface Bound {
   int: string;
@@ -17,13 +24,26 @@ const MAX_INT_DIGITS = 16;
 /** Most fraction digits. */
 const MAX_FRAC_DIGITS = 16;
 
-/** Decimal digits of a finite number without exponent ("1e-7" → "0.0000001"). */
+/**
+ * The decimal digits of |x| without exponent, exactly as its shortest form writes them ("1e-7" →
+ * "0.0000001", "1e-300" → "0." and 299 zeros and "1").
+ *
+ * @example
+ * ```ts
+ * decimalText(-2.5e-3); // "0.0025"
+ * ```
+ */
 export function decimalText(x: number): string {
   if (!Number.isFinite(x)) throw new Error(`not a finite number: ${x}`);
-  const abs = Math.abs(x);
-  let text = abs.toString();
-  if (/e/i.test(text)) text = abs.toFixed(20).replace(/0+$/, "").replace(/\.$/, "");
-  return text;
+  const text = Math.abs(x).toString();
+  const m = /^(\d+)(?:\.(\d+))?e([+-]\d+)$/.exec(text);
+  if (!m) return text;
+  const digits = m[1] + (m[2] ?? "");
+  // |x| = digits × 10^exp
+  const exp = Number(m[3]) - (m[2]?.length ?? 0);
+  if (exp >= 0) return digits + "0".repeat(exp);
+  const point = digits.length + exp;
+  return point > 0 ? `${digits.slice(0, point)}.${digits.slice(point)}` : `0.${"0".repeat(-point)}${digits}`;
 }
 
 function bound(x: number, inclusive: boolean): Bound {
@@ -36,7 +56,9 @@ const cls = (from: number, to: number) => from > to ? "" : from === to ? `"${fro
 
 /**
  * A rule for JSON numbers `x` with lo ≤ x ≤ hi (or strict, per the flags); `integer` allows no fraction.
- * Either side may be open (undefined). Throws when the range is empty.
+ * Either side may be open (undefined). Numbers are written without exponent, with at most
+ * {@link MAX_INT_DIGITS} digits before the point and {@link MAX_FRAC_DIGITS} after it. Throws when no
+ * such number lies in the range (an empty range, or one only numbers of more digits reach).
  *
  * @example
  * ```ts
@@ -63,12 +85,12 @@ export function numberRange(
       max = exMax ? Math.ceil(max) - 1 : Math.floor(max);
       exMax = false;
     }
-    // Beyond 16 digits the integer rule stops anyway: treat such bounds as open.
-    if (min !== undefined && min < -(10 ** MAX_INT_DIGITS)) min = undefined;
-    if (max !== undefined && max >= 10 ** MAX_INT_DIGITS) max = undefined;
   }
+  // Numbers are written with at most 16 integer digits: a bound beyond them holds for all of them.
+  if (min !== undefined && min <= -(10 ** MAX_INT_DIGITS)) min = undefined;
+  if (max !== undefined && max >= 10 ** MAX_INT_DIGITS) max = undefined;
   if (min !== undefined && max !== undefined && (min > max || (min === max && (exMin || exMax)))) {
-    throw new Error("the range is empty");
+    throw new EmptyRangeError();
   }
   const g = new RangeGrammar(rules, hint, r.integer);
   const alts: string[] = [];
@@ -87,7 +109,7 @@ export function numberRange(
     const body = g.magnitude(lo, hi);
     if (body) alts.push(body);
   }
-  if (alts.length === 0) throw new Error("the range is empty");
+  if (alts.length === 0) throw new EmptyRangeError();
   return rules.add(`${hint}-range`, alts.join(" | "));
 }
 
