@@ -16,8 +16,8 @@ import { EventLoopMonitor } from "./src/event_loop.ts";
 import { resolveModelSpecs } from "./src/model_specs.ts";
 import { loadEngine, planDevices } from "./src/engines/load.ts";
 import { planCommand, startPlan } from "./src/plan/command.ts";
-import { upstreamMetricFamilies } from "./src/upstream/metrics.ts";
-import { poolOf } from "./src/upstream/load.ts";
+import { upstreamMetricFamilies } from "./src/engines/upstream/metrics.ts";
+import { poolOf } from "./src/engines/upstream/load.ts";
 import { ReasoningSealer } from "./src/services/reasoning_seal.ts";
 import { startExitGuard } from "./src/exit_guard.ts";
 import { SystemdNotifier } from "./src/systemd.ts";
@@ -275,6 +275,10 @@ function createMetrics(registry: Registry, share: ComputeShare): Metrics {
     engineCounter("prompt_tokens_reused", "Prompt tokens taken from an earlier request's state."),
     engineCounter("tokens_generated", "Tokens sampled, all choices."),
     engineCounter("decodes", "Model evaluations (batches)."),
+    engineCounter(
+      "decodes_on_thread",
+      "Model evaluations run on the request thread (short ones, in bursts).",
+    ),
     engineCounter("batched_tokens", "Tokens in all batches (with decodes: the mean batch size)."),
     engineCounter("checkpoints_saved", "Recurrent-state checkpoints taken (hybrid models)."),
     engineCounter("checkpoints_restored", "Recurrent-state checkpoints restored (hybrid models)."),

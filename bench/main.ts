@@ -34,6 +34,7 @@ import denoJson from "../deno.json" with { type: "json" };
 import { affinityGain, type GatewayBench, gatewayOverhead } from "./gateway.ts";
 import { samplerCost } from "./sampler.ts";
 import { responsiveness } from "./responsiveness.ts";
+import { fastSteps } from "./fast_steps.ts";
 import { mixedLoad } from "./mixed.ts";
 import { agentConversations, promptBurst } from "./agents.ts";
 
@@ -55,17 +56,18 @@ const threads = Math.max(
   1,
   Math.min(opt.threads ?? navigator.hardwareConcurrency, navigator.hardwareConcurrency),
 );
+/** Only scenarios that start their own servers: the main ones then run the tiny presets (nothing to generate). */
+const ownServersOnly = [...opt.scenarios].every((s) => s === "fast" || s === "sampler");
+const tiny = opt.tiny || ownServersOnly;
 /** The chat models measured: the dense Qwen3-0.6B shape and the spec model's hybrid MoE shape. */
 const chatModels = opt.chatModels.map((kind) => {
-  const preset = kind === "dense"
-    ? (opt.tiny ? "tiny-chat" : "bench-chat")
-    : (opt.tiny ? "tiny-moe" : "bench-moe");
+  const preset = kind === "dense" ? (tiny ? "tiny-chat" : "bench-chat") : (tiny ? "tiny-moe" : "bench-moe");
   return { kind, preset, id: `bench/${preset}`, path: "" };
 });
 const chatPreset = chatModels.map((m) => m.preset).join(", ");
 const onnxEmbed = opt.embedBackend === "onnx";
 // The ONNX path has one preset (a small graph over the Qwen3 vocabulary): it shows batching, not model speed.
-const embedPreset = onnxEmbed ? "tiny-embed-onnx" : opt.tiny ? "tiny-embed" : "bench-embed";
+const embedPreset = onnxEmbed ? "tiny-embed-onnx" : tiny ? "tiny-embed" : "bench-embed";
 const EMBED = "bench/embed";
 const KEY = "bench-key";
 const chatParallel = opt.slots;
@@ -304,8 +306,21 @@ try {
   if (opt.scenarios.has("features")) await features();
   if (opt.scenarios.has("gateway")) await gateway();
   if (opt.scenarios.has("sampler")) await sampler();
+  if (opt.scenarios.has("fast")) {
+    await fastSteps({
+      threads,
+      reps,
+      quick,
+      key: KEY,
+      llamaServer: llamaServerBinary,
+      out: opt.out,
+      record,
+      log,
+      adopt: (stop) => void cleanups.push(stop),
+    });
+  }
   if (opt.scenarios.has("mixed")) await mixed();
-  await memory();
+  if (!ownServersOnly) await memory();
 
   const facts = {
     date: new Date().toISOString().slice(0, 16).replace("T", " "),

@@ -8,12 +8,14 @@ export const USAGE = `deno task bench [options]
   --tiny                       the tiny presets: checks the harness, not the speed
   --reps N                     repetitions (default 3; --quick: 1)
   --scenarios LIST             chat,concurrency,burst,agents,embeddings,overhead,features,gateway,sampler,
-                               mixed (default: all); burst: distinct long prompts sent at once (first
+                               mixed,fast (default: all); burst: distinct long prompts sent at once (first
                                tokens, aggregate prompt processing); agents: conversations sharing a long
                                system prompt, several turns each, more of them than slots; gateway: vserve
                                in front of vserve (overhead, gain of prefix affinity); sampler: the
                                sampler's kernels against plain JavaScript, in-process; mixed: chat streams
-                               and embedding clients, alone and together
+                               and embedding clients, alone and together; fast: the tiny presets' 1-4 ms
+                               steps, where a server's own cost per token and per request shows (with
+                               llama-server)
   --mixed-clients N            mixed: concurrent clients of each model (default 64; --quick: 16; --tiny: 4)
   --mixed-seconds N            mixed: length of each window (default 30; --quick: 15; --tiny: 4)
   --chat-models LIST           dense,moe: bench-chat (Qwen3-0.6B shape) and bench-moe (Qwen3.6-35B-A3B's
@@ -112,6 +114,7 @@ const SCENARIOS = [
   "gateway",
   "sampler",
   "mixed",
+  "fast",
 ];
 
 /**

@@ -22,7 +22,6 @@ const RULES: [prefix: string, layer: string][] = [
   ["src/registry.ts", "registry"],
   ["src/model_specs.ts", "registry"],
   ["src/engines/", "engines"],
-  ["src/upstream/", "engines"],
   ["src/plan/", "plan"],
   ["src/protocol/", "protocol"],
   ["src/config.ts", "settings"],
@@ -110,8 +109,21 @@ export function circles(graph: Map<string, string[]>): string[][] {
   return out;
 }
 
-if (import.meta.main) {
-  const root = normalize(join(fileURLToPath(new URL(".", import.meta.url)), ".."));
+/** The repository's root (this script's parent folder). */
+export const ROOT: string = normalize(join(fileURLToPath(new URL(".", import.meta.url)), ".."));
+
+/**
+ * Checks `main.ts` and every module under `src/` of the tree at `root`: the imports that run
+ * upward (`from (layer) → to (layer)`) and the circles.
+ *
+ * @example
+ * ```ts
+ * const { upward, loops } = await checkLayers(ROOT); // both empty when the layers point down
+ * ```
+ */
+export async function checkLayers(
+  root: string,
+): Promise<{ modules: number; upward: string[]; loops: string[][] }> {
   const files = ["main.ts", ...await sources(root, "src")];
   const graph = new Map<string, string[]>();
   const upward: string[] = [];
@@ -126,9 +138,13 @@ if (import.meta.main) {
       if (ORDER.indexOf(to) > ORDER.indexOf(from)) upward.push(`${file} (${from}) → ${target} (${to})`);
     }
   }
-  const loops = circles(graph);
+  return { modules: files.length, upward, loops: circles(graph) };
+}
+
+if (import.meta.main) {
+  const { modules, upward, loops } = await checkLayers(ROOT);
   for (const line of upward) console.log(`upward: ${line}`);
   for (const loop of loops) console.log(`circle: ${loop.join(" ↔ ")}`);
-  console.log(`${files.length} modules: ${upward.length} upward imports, ${loops.length} circles`);
+  console.log(`${modules} modules: ${upward.length} upward imports, ${loops.length} circles`);
   if (upward.length || loops.length) Deno.exit(1);
 }

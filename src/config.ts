@@ -3,8 +3,8 @@
  * config file (`--config`, JSON) > defaults. `--help` is generated from the same table.
  */
 import { z } from "zod";
-import { type ApiKey, parseKeyFile, plainKey } from "./http/auth.ts";
-import { checkOverrides } from "./plan/placement.ts";
+import { type ApiKey, parseKeyFile, plainKey } from "./api_keys.ts";
+import { checkOverrides } from "./tensor_override.ts";
 
 const cores = navigator.hardwareConcurrency || 1;
 

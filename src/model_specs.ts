@@ -1,6 +1,7 @@
 /** Which models to serve: the registry file, a config file's `models`, or model-path flags. */
 import type { Config } from "./config.ts";
-import { type ModelSpec, parseRegistry } from "./registry.ts";
+import { parseRegistry } from "./registry.ts";
+import type { ModelSpec } from "./model_spec.ts";
 import { checkModelFile } from "./models/sources.ts";
 import defaultRegistry from "../models/models.json" with { type: "json" };
 

@@ -361,12 +361,15 @@ Deno.test({
         "embeddings",
         "server overhead",
         "mixed load (tiny-chat + tiny-embed)",
+        "fast steps (tiny-chat)",
+        "fast steps (tiny-embed)",
       ]
     ) assert.ok(scenarios.has(s), s);
     for (const r of report.rows as Row[]) {
-      // A difference of two latencies (what the gateway adds) may be zero or negative under noise, and in
-      // a short mixed window no request may finish and nothing be held.
-      if (/added by|finished in|held/.test(r.metric)) {
+      // A difference of two latencies (what the gateway adds) may be zero or negative under noise, in
+      // a short mixed window no request may finish and nothing be held, and a share of decodes may be 0
+      // on a machine too loaded for a decode to count as short.
+      if (/added by|finished in|held|on the JavaScript thread/.test(r.metric)) {
         assert.ok(Number.isFinite(r.http.median), `${r.scenario} ${r.metric}`);
       } else assert.ok(r.http.median > 0, `${r.scenario} ${r.metric}`);
     }

@@ -607,6 +607,13 @@ serverTest(
     );
     assertApiError(noUser, 400, { param: "messages", code: "invalid_messages" });
     assert.match(noUser.body.error.message, /no user query/i);
+    // …and the same 400 from /tokenize, which renders the messages with no service in between (it was a 500).
+    const tokenized = await postJson(
+      `${server.url}/tokenize`,
+      { model: SPEC_MODEL, messages: [{ role: "system", content: "only" }] },
+      KEY,
+    );
+    assertApiError(tokenized, 400, { param: "messages", code: "invalid_messages" });
   },
 );
 

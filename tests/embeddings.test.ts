@@ -5,7 +5,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 import { type Json, postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { EmbeddingsResponseSchema } from "../src/protocol/embeddings.ts";
-import { base64ToFloat32, cosine, truncateAndNormalize } from "../src/services/vectors.ts";
+import { base64ToFloat32, cosine, truncateAndNormalize } from "../src/vectors.ts";
 import { qwen3TokenizerJsonPath } from "../src/models/qwen3_vocab.ts";
 
 const KEY = "test-key";

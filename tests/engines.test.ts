@@ -29,8 +29,11 @@ async function nativeSetup(name: string) {
   return { lib: openLlamaLibrary(), path };
 }
 
-/** The built-in tiny-embed model (last-token pooling); `onePassTokens` 0: always two decodes. */
-async function tinyEmbed(onePassTokens: number, threads = 2) {
+/**
+ * The built-in tiny-embed model (last-token pooling); `onePassTokens` 0: always two decodes;
+ * undefined: short steps choose by measured decode times.
+ */
+async function tinyEmbed(onePassTokens: number | undefined, threads = 2) {
   const { lib, path: modelPath } = await nativeSetup("tiny-embed");
   return await LlamaEmbeddingEngine.load(lib, {
     modelPath,
@@ -92,6 +95,36 @@ Deno.test({
     } finally {
       await apart.dispose();
       await together.dispose();
+    }
+  },
+});
+
+Deno.test({
+  name: "embeddings: a short step's shape tries one decode and two before choosing by their times",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const engine = await tinyEmbed(undefined);
+    try {
+      const ids = await engine.tokenize("a sentence about rivers");
+      const decodes: number[] = [];
+      const vectors: Float32Array[] = [];
+      for (let i = 0; i < 8; i++) {
+        const before = engine.counters().decodes;
+        vectors.push((await engine.embed([ids]))[0]);
+        decodes.push(engine.counters().decodes - before);
+      }
+      // Measured twice each, then the path measured cheaper (no timing asserted: which one wins, and
+      // whether a later figure turns the choice, is the machine's business).
+      assert.deepEqual(decodes.slice(0, 4), [1, 1, 2, 2], `decodes per call: ${decodes}`);
+      assert.ok(decodes.every((d) => d === 1 || d === 2), `decodes per call: ${decodes}`);
+      let [ab, aa, bb] = [0, 0, 0];
+      for (let d = 0; d < vectors[0].length; d++) {
+        [ab, aa, bb] = [ab + vectors[0][d] * vectors[2][d], aa + vectors[0][d] ** 2, bb + vectors[2][d] ** 2];
+      }
+      assert.ok(ab / Math.sqrt(aa * bb) > 0.9999, "both paths give the same vector");
+    } finally {
+      await engine.dispose();
     }
   },
 });

@@ -7,7 +7,7 @@ import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
 import { NativeModel } from "../src/engines/llama/native.ts";
 import { GrammarConstraint } from "../src/engines/llama/grammar.ts";
-import { GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
+import { gbnfLiteral, GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
 import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
 import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
 import { resolveSource } from "../src/models/sources.ts";
@@ -158,10 +158,48 @@ const tool = {
   },
 };
 
+/** The call tags as text (these grammars are checked on text, with no vocabulary to name tokens). */
+const TEXT_TAGS = { open: gbnfLiteral("<tool_call>"), close: gbnfLiteral("</tool_call>") };
+
 function callGrammar(dialect: typeof jsonDialect): string {
   const g = new JsonGrammar();
-  return g.rules.text(`root ::= ${dialect.callRule(g, tool, "tools[0].function.parameters", "t0")}`);
+  return g.rules.text(
+    `root ::= ${dialect.callRule(g, tool, "tools[0].function.parameters", "t0", TEXT_TAGS)}`,
+  );
 }
+
+Deno.test("call tags as tokens: only the vocabulary's <tool_call> token opens a call, not its text spelled in ordinary tokens", () => {
+  const [open] = model.tokenize("<tool_call>", true);
+  const [close] = model.tokenize("</tool_call>", true);
+  assert.equal(model.tokenize("<tool_call>", true).length, 1, "one token in the Qwen vocabulary");
+  const g = new JsonGrammar();
+  const gbnf = g.rules.text(
+    `root ::= ${
+      jsonDialect.callRule(g, tool, "tools[0].function.parameters", "t0", {
+        open: `<[${open}]>`,
+        close: `<[${close}]>`,
+      })
+    }`,
+  );
+  const body = '\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n';
+  const feed = (tokens: number[]) => {
+    const c = GrammarConstraint.create(model, gbnf)!;
+    try {
+      for (const t of tokens) {
+        if (!c.allows(t)) return false;
+        c.accept(t);
+      }
+      return c.allows(model.eos);
+    } finally {
+      c.free();
+    }
+  };
+  const inner = [...body].flatMap((ch) => model.tokenize(ch, false));
+  assert.ok(feed([open, ...inner, close]), "the tokens open and close the call");
+  const spelled = [..."<tool_call>"].flatMap((ch) => model.tokenize(ch, false));
+  assert.ok(spelled.length > 1 && !spelled.includes(open));
+  assert.equal(feed([...spelled, ...inner, close]), false, "the same text in ordinary tokens does not");
+});
 
 Deno.test("json dialect grammar: the Qwen3 call format with arguments under the schema", () => {
   const g = callGrammar(jsonDialect);
@@ -548,6 +586,7 @@ Deno.test("xml dialect grammar: string parameters keep their pattern, format, le
       },
       "tools[0].function.parameters",
       "t0",
+      TEXT_TAGS,
     )
   }`);
   const call = (code: string, when: string) =>
@@ -578,7 +617,9 @@ Deno.test("xml dialect grammar: parameters that $ref the tool's $defs (pydantic)
     required: ["place", "unit"],
   };
   const gbnf = g.rules.text(
-    `root ::= ${xmlDialect.callRule(g, { name: "f", parameters }, "tools[0].function.parameters", "t0")}`,
+    `root ::= ${
+      xmlDialect.callRule(g, { name: "f", parameters }, "tools[0].function.parameters", "t0", TEXT_TAGS)
+    }`,
   );
   const call = (place: string, unit: string) =>
     `<tool_call>\n<function=f>\n<parameter=place>\n${place}\n</parameter>\n<parameter=unit>\n${unit}\n</parameter>\n</function>\n</tool_call>`;

@@ -1,6 +1,6 @@
 /** The layer check's parts (scripts/layers.ts): what counts as an import, a layer, a circle. */
 import assert from "node:assert/strict";
-import { circles, importsOf, layerOf } from "../scripts/layers.ts";
+import { checkLayers, circles, importsOf, layerOf, ROOT } from "../scripts/layers.ts";
 
 Deno.test("layer check: static, re-exported, dynamic and worker imports count; comments and packages do not", () => {
   const source = [
@@ -44,4 +44,11 @@ Deno.test("layer check: circles are found, a chain is not one", () => {
   ]);
   assert.deepEqual(circles(graph), [["a", "b", "c"], ["f"]]);
   assert.deepEqual(circles(new Map([["a", ["b"]], ["b", []]])), []);
+});
+
+Deno.test("layer check: the tree's imports all point down, and no modules import each other round a circle", async () => {
+  const { modules, upward, loops } = await checkLayers(ROOT);
+  assert.ok(modules > 90, `${modules} modules read`);
+  assert.deepEqual(upward, []);
+  assert.deepEqual(loops, []);
 });

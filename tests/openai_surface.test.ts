@@ -10,7 +10,7 @@ import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { postStream } from "./helpers/sse.ts";
 import { engineCounter as engineCounterOf } from "./helpers/metrics.ts";
 import { poll } from "./helpers/poll.ts";
-import { checkAgainstSchema } from "../src/services/schema_check.ts";
+import { checkSchema } from "./helpers/schema.ts";
 import { JsonGrammar } from "../src/grammar/mod.ts";
 import { ChatChunkSchema, ChatCompletionSchema } from "../src/protocol/chat.ts";
 import { CompletionRequestSchema, CompletionSchema } from "../src/protocol/completions.ts";
@@ -80,7 +80,7 @@ async function structured(
     const choice = res.body.choices[0];
     assert.notEqual(choice.finish_reason, "length", `seed ${seed} finished within max_tokens`);
     const value = JSON.parse(read(res.body));
-    const check = await checkAgainstSchema(schema, value);
+    const check = await checkSchema(schema, value);
     assert.ok(check.ok, `seed ${seed}: ${JSON.stringify(value)}: ${(check as { reason?: string }).reason}`);
     const faults = await regenerations(res.headers.get("x-request-id"));
     assert.ok(

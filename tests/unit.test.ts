@@ -3,11 +3,12 @@ import assert from "node:assert/strict";
 import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
 import { EventLoopMonitor, Slicer, threadClock } from "../src/event_loop.ts";
 import { ManualClock } from "./helpers/clock.ts";
-import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/services/vectors.ts";
+import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/vectors.ts";
 import { Counter } from "../src/metrics.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
 import { formatPath, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
-import { constantTimeEqual, KeyRing, parseKeyFile, plainKey, RateLimiter } from "../src/http/auth.ts";
+import { constantTimeEqual, KeyRing, RateLimiter } from "../src/http/auth.ts";
+import { parseKeyFile, plainKey } from "../src/api_keys.ts";
 import { createHash } from "node:crypto";
 import { parseRegistry } from "../src/registry.ts";
 

@@ -111,6 +111,22 @@ serverTest(
     );
     assertApiError(many, 400, { param: "messages" });
     assert.match(many.body.error.message, /at most 16384 messages/);
+    // The same cap on the other chat-shaped APIs: Responses input items, Anthropic messages.
+    const items = await postJson(url("/v1/responses"), { model: CHAT, input: history(16_385) }, KEY);
+    assertApiError(items, 400, { param: "input" });
+    assert.match(items.body.error.message, /at most 16384 items/);
+    const anthropic = await postJson(
+      url("/v1/messages"),
+      { model: CHAT, max_tokens: 1, messages: history(16_385) },
+      KEY,
+    );
+    assert.equal(anthropic.status, 400);
+    assert.equal(anthropic.body.type, "error");
+    assert.equal(anthropic.body.error.type, "invalid_request_error");
+    assert.match(anthropic.body.error.message, /messages.*at most 16384 messages/s);
+    const health = await fetch(url("/health"));
+    await health.body?.cancel();
+    assert.equal(health.status, 200, "the server keeps serving");
   },
 );
 

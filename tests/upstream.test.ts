@@ -9,7 +9,7 @@ import { standInVector, startBlackHole, startStandIn } from "./helpers/standin.t
 import { postStream } from "./helpers/sse.ts";
 import { scrapeMetrics } from "./helpers/metrics.ts";
 import { poll, settles } from "./helpers/poll.ts";
-import { base64ToFloat32, truncateAndNormalize } from "../src/services/vectors.ts";
+import { base64ToFloat32, truncateAndNormalize } from "../src/vectors.ts";
 
 const KEY = "gw-key";
 const UP_KEY = "up-key";

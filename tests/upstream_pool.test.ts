@@ -1,14 +1,14 @@
 /** The upstream pool's choices and the wire helpers, in-process (no servers). */
 import assert from "node:assert/strict";
-import { affinityKey, UpstreamPool } from "../src/upstream/pool.ts";
-import { RoutingSchema } from "../src/upstream/config.ts";
-import { errorFields, sseData } from "../src/upstream/wire.ts";
-import { UpstreamFailure } from "../src/upstream/failure.ts";
-import { modelStatus } from "../src/upstream/status.ts";
-import { affinityText, upstreamRequest } from "../src/upstream/chat.ts";
+import { affinityKey, UpstreamPool } from "../src/engines/upstream/pool.ts";
+import { RoutingSchema } from "../src/model_spec.ts";
+import { errorFields, sseData } from "../src/engines/upstream/wire.ts";
+import { UpstreamFailure } from "../src/engines/upstream/failure.ts";
+import { modelStatus } from "../src/routes/model_status.ts";
+import { affinityText, upstreamRequest } from "../src/engines/upstream/chat.ts";
 import { parseRegistry } from "../src/registry.ts";
 import { silentLogger } from "../src/log.ts";
-import { ApiError } from "../src/http/errors.ts";
+import { EngineUpstreamError } from "../src/engines/types.ts";
 import type { ChatJob } from "../src/engines/types.ts";
 
 const pool = (n: number, routing: Record<string, unknown> = {}, now?: () => number) =>
@@ -212,8 +212,8 @@ Deno.test("dispatch with no routable upstream is a 503 no_upstream_available", a
     e
   );
   assert.ok(e instanceof UpstreamFailure);
-  const api = e.toApiError("m");
-  assert.ok(api instanceof ApiError);
+  const api = e.toEngineError("m");
+  assert.ok(api instanceof EngineUpstreamError);
   assert.equal(api.status, 503);
   assert.equal(api.code, "no_upstream_available");
 });

@@ -84,6 +84,15 @@ export class ComputeClient {
     return this.arbiter.run(this, work);
   }
 
+  /**
+   * Runs `work` (one synchronous compute step) at once, charged as {@link run} charges, when the turn
+   * can be this model's now (nothing running, no other model's step waiting, no hold for another);
+   * undefined otherwise (then {@link run} it).
+   */
+  runNow<T>(work: () => T): { result: T } | undefined {
+    return this.arbiter.runNow(this, work);
+  }
+
   /** The model has no more work for now: its turn is not held and its gaps stop counting. */
   idle(): void {
     this.arbiter.idle(this);
@@ -157,17 +166,7 @@ export class ComputeShare {
 
   /** See {@link ComputeClient.run}. */
   run<T>(client: ComputeClient, work: () => Promise<T>): Promise<T> {
-    const now = this.#now();
-    const gap = now - client.releasedAt;
-    if (client.releasedAt >= 0 && gap <= BUSY_GAP_MS) {
-      client.gapMs = client.gapMs === undefined ? gap : 0.8 * client.gapMs + 0.2 * gap;
-    }
-    // Idle models start level with the busy ones. A busy one that used less than its share (long
-    // gaps between steps) keeps at most a little credit beyond the others' last steps (counted
-    // from where those began: a step longer than the credit is still owed back in full).
-    client.vtime = this.#busy(client)
-      ? Math.max(client.vtime, this.#floor(client, (c) => c.stepStart) - MAX_CREDIT_SECONDS)
-      : Math.max(client.vtime, this.#floor(client, (c) => c.vtime));
+    const now = this.#arrive(client);
     return new Promise<T>((resolve, reject) => {
       const start = () => {
         const began = this.#now();
@@ -182,6 +181,38 @@ export class ComputeShare {
       client.queue.push({ start, since: now });
       this.#dispatch();
     });
+  }
+
+  /** See {@link ComputeClient.runNow}. */
+  runNow<T>(client: ComputeClient, work: () => T): { result: T } | undefined {
+    if (this.#running || client.queue.length > 0) return undefined;
+    if (this.#held && this.#held.client !== client) return undefined;
+    if (this.#clients.some((c) => c !== client && c.queue.length > 0)) return undefined;
+    this.#arrive(client);
+    if (this.#held) this.#endHold(); // held for this model: its step takes the turn, as in #dispatch
+    this.#running = client;
+    const began = this.#now();
+    try {
+      return { result: work() };
+    } finally {
+      this.#release(client, began);
+    }
+  }
+
+  /** A step of `client` asks for a turn now: its gap and virtual time; returns the time. */
+  #arrive(client: ComputeClient): number {
+    const now = this.#now();
+    const gap = now - client.releasedAt;
+    if (client.releasedAt >= 0 && gap <= BUSY_GAP_MS) {
+      client.gapMs = client.gapMs === undefined ? gap : 0.8 * client.gapMs + 0.2 * gap;
+    }
+    // Idle models start level with the busy ones. A busy one that used less than its share (long
+    // gaps between steps) keeps at most a little credit beyond the others' last steps (counted
+    // from where those began: a step longer than the credit is still owed back in full).
+    client.vtime = this.#busy(client)
+      ? Math.max(client.vtime, this.#floor(client, (c) => c.stepStart) - MAX_CREDIT_SECONDS)
+      : Math.max(client.vtime, this.#floor(client, (c) => c.vtime));
+    return now;
   }
 
   /** See {@link ComputeClient.idle}. */

@@ -1,7 +1,7 @@
 /** Picks and loads the engine implementation for a registry entry. */
 import type { Config } from "../config.ts";
 import type { Logger } from "../log.ts";
-import type { ModelSpec } from "../registry.ts";
+import type { ModelSpec } from "../model_spec.ts";
 import type { ChatEngine, EmbeddingEngine } from "./types.ts";
 import { resolveSource } from "../models/sources.ts";
 import { qwen3TokenizerJsonPath } from "../models/qwen3_vocab.ts";
@@ -17,7 +17,7 @@ import { type LlamaAllocations, parseLlamaLog } from "../plan/llama_log.ts";
 import { LlamaEmbeddingEngine } from "./llama/embedding.ts";
 import { LlamaChatEngine } from "./llama/chat.ts";
 import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
-import { openUpstreamEngine } from "../upstream/load.ts";
+import { openUpstreamEngine } from "./upstream/load.ts";
 import { VERSION_INFO } from "../version.ts";
 import type { ComputeShare } from "./compute_share.ts";
 

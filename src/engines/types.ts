@@ -2,6 +2,7 @@
  * What the HTTP side needs from an inference backend. Engines never see HTTP or OpenAI JSON;
  * services never see node-llama-cpp or onnxruntime types.
  */
+import type { ApiErrorType } from "../protocol/ops.ts";
 
 /** A loaded embedding model. */
 export interface EmbeddingEngine {
@@ -232,6 +233,32 @@ export interface UpstreamStatus {
 export class EngineInputError extends Error {
   override name = "EngineInputError";
   constructor(message: string, readonly param: string | null, readonly code: string | null = null) {
+    super(message);
+  }
+}
+
+/**
+ * What a remote engine (a fleet of OpenAI-compatible servers) tells the client when it refuses or
+ * fails a request: the status, error type, param, code and headers (e.g. `retry-after`) that
+ * services pass on as the API error, never naming the upstream.
+ *
+ * @example
+ * ```ts
+ * function timedOut(): never {
+ *   throw new EngineUpstreamError("The engine serving 'm' did not answer in time.", 504, "timeout_error", null, "upstream_timeout");
+ * }
+ * ```
+ */
+export class EngineUpstreamError extends Error {
+  override name = "EngineUpstreamError";
+  constructor(
+    message: string,
+    readonly status: number,
+    readonly type: ApiErrorType,
+    readonly param: string | null = null,
+    readonly code: string | null = null,
+    readonly headers: Record<string, string> = {},
+  ) {
     super(message);
   }
 }

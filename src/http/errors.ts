@@ -4,22 +4,10 @@
  */
 import type { z } from "zod";
 import { Slicer } from "../event_loop.ts";
+import type { ApiErrorType, ErrorBody } from "../protocol/ops.ts";
+import type { EngineUpstreamError } from "../engines/types.ts";
 
-/** The OpenAI error `type` values this server emits. */
-export type ApiErrorType =
-  | "invalid_request_error"
-  | "authentication_error"
-  | "permission_error"
-  | "not_found_error"
-  | "rate_limit_error"
-  | "server_error"
-  | "service_unavailable_error"
-  | "timeout_error";
-
-/** The wire shape of an error body. */
-export interface ErrorBody {
-  error: { message: string; type: ApiErrorType; param: string | null; code: string | null };
-}
+export type { ApiErrorType, ErrorBody };
 
 /**
  * A failure whose cause is known: it carries everything the client is told.
@@ -49,6 +37,11 @@ export class ApiError extends Error {
       error: { message: this.message, type: this.type, param: this.param, code: this.code },
     };
   }
+}
+
+/** The API error for a remote engine's refusal or failure: the status, type, param, code and headers it carries. */
+export function fromUpstreamError(e: EngineUpstreamError): ApiError {
+  return new ApiError(e.status, e.type, e.message, e.param, e.code, e.headers);
 }
 
 /** 400 invalid_request_error, the most common fault. */

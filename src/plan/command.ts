@@ -5,7 +5,7 @@
  */
 import type { Config } from "../config.ts";
 import type { Logger } from "../log.ts";
-import type { ModelSpec } from "../registry.ts";
+import type { ModelSpec } from "../model_spec.ts";
 import { formatBytes, type ModelPlan, type PlanDevice, refusalMessage } from "./memory.ts";
 import { formatPlan, modelHeaders, planJson, planSpecs } from "./run.ts";
 
@@ -19,7 +19,7 @@ export type DeviceFinder = (config: Config) => Promise<PlanDevice[]>;
  * @example
  * ```ts
  * import type { Config } from "../config.ts";
- * import type { ModelSpec } from "../registry.ts";
+ * import type { ModelSpec } from "../model_spec.ts";
  * async function plan(specs: readonly ModelSpec[], config: Config, devices: DeviceFinder) {
  *   Deno.exit(await planCommand(specs, config, devices));
  * }

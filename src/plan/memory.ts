@@ -6,7 +6,8 @@
  */
 import { type ModelShape, type TensorGroup } from "./shape.ts";
 import { typeName } from "./gguf_header.ts";
-import { type OverrideRule, overrideRules, type PlacementSettings, ruleFor } from "./placement.ts";
+import { overrideRules, type PlacementSettings, ruleFor } from "./placement.ts";
+import type { OverrideRule } from "../tensor_override.ts";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;

@@ -4,7 +4,7 @@
  * `--plan` command's output, and the check the server runs before it loads anything.
  */
 import type { Config } from "../config.ts";
-import type { ModelSpec } from "../registry.ts";
+import type { ModelSpec } from "../model_spec.ts";
 import { headerForSource, type HeaderSource } from "./headers.ts";
 import { modelShape } from "./shape.ts";
 import {
@@ -39,7 +39,7 @@ export interface LoadSettings {
  * @example
  * ```ts
  * import type { Config } from "../config.ts";
- * import type { ModelSpec } from "../registry.ts";
+ * import type { ModelSpec } from "../model_spec.ts";
  * function placementOf(spec: ModelSpec, config: Config) {
  *   return loadSettings(spec, config).placement; // { cpuMoe: true, … } with --cpu-moe
  * }

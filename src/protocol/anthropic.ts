@@ -4,7 +4,7 @@
  * are ignored; what this server accepts but does not act on is said field by field.
  */
 import { z } from "zod";
-import { ModelIdSchema } from "./common.ts";
+import { MAX_MESSAGES, ModelIdSchema } from "./common.ts";
 
 /** `cache_control` on a block or tool: accepted and ignored (prompt reuse here is automatic). */
 const CacheControl = z.looseObject({ type: z.string() }).nullish();
@@ -164,7 +164,8 @@ const SystemParam = z.union([z.string(), z.array(TextBlock)], {
 /** Fields shared by `/v1/messages` and `/v1/messages/count_tokens`. */
 const PromptFields = {
   model: ModelIdSchema,
-  messages: z.array(MessageParamSchema).min(1, "messages must hold at least one message"),
+  messages: z.array(MessageParamSchema).min(1, "messages must hold at least one message")
+    .max(MAX_MESSAGES, `messages may hold at most ${MAX_MESSAGES} messages`),
   system: SystemParam.optional(),
   tools: z.array(ToolParam).nullish(),
   tool_choice: ToolChoiceSchema.nullish(),

@@ -1,6 +1,8 @@
 /** `POST /v1/chat/completions`: request, response and stream chunk, as the OpenAI v1 family shapes them. */
 import { z } from "zod";
-import { CompletionUsageSchema, ModelIdSchema } from "./common.ts";
+import { CompletionUsageSchema, MAX_MESSAGES, ModelIdSchema } from "./common.ts";
+
+export { MAX_MESSAGES };
 
 const TextPart = z.object({ type: z.literal("text"), text: z.string() });
 /** Message content: a string or an array of text parts. */
@@ -86,11 +88,6 @@ export const ResponseFormatSchema = z.discriminatedUnion("type", [
 ]);
 export type ResponseFormat = z.infer<typeof ResponseFormatSchema>;
 
-/**
- * Most messages one request may hold: far more than any context takes (4 tokens a message at least),
- * and checked before the messages themselves (validating 100,000 of them took 130 ms).
- */
-export const MAX_MESSAGES = 16_384;
 const MessagesSchema = z.array(ChatMessageSchema)
   .max(MAX_MESSAGES, `messages may hold at most ${MAX_MESSAGES} messages`);
 

@@ -22,3 +22,10 @@ export type CompletionUsage = z.infer<typeof CompletionUsageSchema>;
 /** The model `id` field, named in every request. */
 export const ModelIdSchema = z.string({ error: "model must be a string naming a served model" })
   .min(1, "model must not be empty");
+
+/**
+ * Most messages (or input items) one request may hold on any chat-shaped API: far more than any
+ * context takes (4 tokens a message at least), and checked before the messages themselves
+ * (validating 100,000 of them took 130 ms).
+ */
+export const MAX_MESSAGES = 16_384;

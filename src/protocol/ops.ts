@@ -1,7 +1,7 @@
 /** Error bodies and the operational endpoints' answers (`/health`, `/version`), for the OpenAPI document. */
 import { z } from "zod";
-import type { ApiErrorType, ErrorBody } from "../http/errors.ts";
 
+/** The OpenAI error `type` values this server emits. */
 const ERROR_TYPES = [
   "invalid_request_error",
   "authentication_error",
@@ -11,7 +11,8 @@ const ERROR_TYPES = [
   "server_error",
   "service_unavailable_error",
   "timeout_error",
-] as const satisfies readonly ApiErrorType[];
+] as const;
+export type ApiErrorType = (typeof ERROR_TYPES)[number];
 
 /** Every error: `{"error":{"message","type","param","code"}}`, as OpenAI shapes it. */
 export const ErrorBodySchema = z.object({
@@ -23,11 +24,8 @@ export const ErrorBodySchema = z.object({
     code: z.string().nullable(),
   }),
 });
-// The schema and the type the server builds errors with stay one and the same.
-const _sameShape: [ErrorBody, z.infer<typeof ErrorBodySchema>] = [
-  {} as z.infer<typeof ErrorBodySchema>,
-  {} as ErrorBody,
-];
+/** The wire shape of an error body. */
+export type ErrorBody = z.infer<typeof ErrorBodySchema>;
 
 /** `GET /health` and `GET /health/ready`. */
 export const HealthSchema = z.object({

@@ -3,7 +3,7 @@
  * response object and the typed stream events, as the v1 family shapes them.
  */
 import { z } from "zod";
-import { ModelIdSchema } from "./common.ts";
+import { MAX_MESSAGES, ModelIdSchema } from "./common.ts";
 
 const FUNCTION_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
 const NAME_RULE = "function names are 1-64 characters of a-z, A-Z, 0-9, _ and -";
@@ -157,9 +157,19 @@ export type TextFormat = z.infer<typeof TextFormatSchema>;
 /** The request body; unknown fields are ignored, `null` means "not given". */
 export const ResponsesRequestSchema = z.object({
   model: ModelIdSchema,
-  input: z.union([z.string(), z.array(InputItemSchema)], {
-    error: "input must be a string or an array of input items",
-  }),
+  // The count first: a union's one message would hide the cap, and 100,000 items take long to check.
+  input: z.preprocess(
+    (v, ctx) => {
+      if (Array.isArray(v) && v.length > MAX_MESSAGES) {
+        ctx.addIssue({ code: "custom", message: `input may hold at most ${MAX_MESSAGES} items`, input: v });
+        return z.NEVER;
+      }
+      return v;
+    },
+    z.union([z.string(), z.array(InputItemSchema)], {
+      error: "input must be a string or an array of input items",
+    }),
+  ),
   instructions: z.string().nullish(),
   tools: z.array(ResponsesToolSchema).nullish(),
   tool_choice: ResponsesToolChoiceSchema.nullish(),

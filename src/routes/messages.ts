@@ -5,14 +5,53 @@
  */
 import { type ApiError, jsonResponse } from "../http/errors.ts";
 import { SSE_HEADERS, sseData, sseStream } from "../http/sse.ts";
-import type { AnthropicError, CountTokensRequest, MessagesRequest } from "../protocol/anthropic.ts";
+import {
+  type AnthropicError,
+  type CountTokensRequest,
+  CountTokensRequestSchema,
+  type MessagesRequest,
+  MessagesRequestSchema,
+} from "../protocol/anthropic.ts";
 import type { ChatEngine } from "../engines/types.ts";
 import type { ChatContext } from "../services/chat.ts";
-import { IGNORED_TOOLS_HEADER } from "../services/responses.ts";
 import { anthropicError, countTokens, createMessage, type MessagesOptions } from "../services/messages.ts";
+import type { Handler, RouteKit } from "./context.ts";
+import { IGNORED_TOOLS_HEADER } from "./responses.ts";
 
 /** Keep-alive while the model is silent, as Anthropic sends it. */
 const PING = sseData({ type: "ping" }, "ping");
+
+/**
+ * The handler of `POST /v1/messages` (its errors in Anthropic's shape: {@link anthropicErrorResponse}).
+ *
+ * @example
+ * ```ts
+ * import type { RouteKit } from "./context.ts";
+ * function routeOf(kit: RouteKit) {
+ *   return { method: "POST", path: "/v1/messages", auth: "v1", handler: messagesRoute(kit), errors: anthropicErrorResponse };
+ * }
+ * ```
+ */
+export function messagesRoute(kit: RouteKit): Handler {
+  return async (req, ctx) => {
+    const body = await kit.parse(req, MessagesRequestSchema);
+    const { slot, engine } = kit.chatEngine(body.model, ctx);
+    return await postMessages(body, engine, kit.chatContext(slot, ctx), await kit.responsesOptions);
+  };
+}
+
+/** The handler of `POST /v1/messages/count_tokens`. */
+export function countTokensRoute(kit: RouteKit): Handler {
+  const { deps } = kit;
+  return async (req, ctx) => {
+    const body = await kit.parse(req, CountTokensRequestSchema);
+    ctx.model = body.model;
+    kit.allowedSlot(body.model, ctx.key);
+    const { slot, engine } = deps.registry.engine(body.model, "chat");
+    const options = await kit.responsesOptions;
+    return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, options, ctx.signal);
+  };
+}
 
 /**
  * `POST /v1/messages`.

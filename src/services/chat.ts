@@ -2,8 +2,7 @@
  * The OpenAI semantics of `/v1/chat/completions`: request → engine job, engine events →
  * a `chat.completion` or a stream of `chat.completion.chunk`s.
  */
-import { abortedError, ApiError, badRequest, jsonResponse } from "../http/errors.ts";
-import { SSE_HEADERS, sseStream } from "../http/sse.ts";
+import { abortedError, ApiError, badRequest, fromUpstreamError } from "../http/errors.ts";
 import type {
   ChatChunk,
   ChatCompletion,
@@ -22,7 +21,7 @@ import type {
   OutputConstraint,
   TokenLogprobInfo,
 } from "../engines/types.ts";
-import { EngineInputError } from "../engines/types.ts";
+import { EngineInputError, EngineUpstreamError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
 import { samplingOptions } from "./sampling.ts";
 import { checkAgainstSchema, checkSchemaLimits, warmSchemaCheck } from "./schema_check.ts";
@@ -43,33 +42,6 @@ export interface ChatContext {
   /** The first token arrived. */
   onFirstToken?: () => void;
   onUsage?: (usage: CompletionUsage) => void;
-}
-
-/**
- * Answers one chat request: JSON, or an SSE stream when `stream` is true. Errors found before
- * the first token are thrown (a normal HTTP error); later ones become an error event.
- *
- * @example
- * ```ts
- * import type { ChatRequest } from "../protocol/chat.ts";
- * import type { ChatEngine } from "../engines/types.ts";
- * async function answer(body: ChatRequest, engine: ChatEngine, ctx: ChatContext) {
- *   return await createChatCompletion(body, engine, ctx);
- * }
- * ```
- */
-export async function createChatCompletion(
-  req: ChatRequest,
-  engine: ChatEngine,
-  ctx: ChatContext,
-): Promise<Response> {
-  const run = await runChat(req, engine, ctx);
-  if (run.kind === "completion") return jsonResponse(run.completion);
-  const body = sseStream(run.chunks, {
-    pingMs: 15_000,
-    onError: (e) => run.toError(e).toBody(),
-  });
-  return new Response(body, { headers: SSE_HEADERS });
 }
 
 /** A chat request's outcome: the whole completion, or its chunks (errors mid-stream are thrown by them). */
@@ -238,6 +210,7 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
 function toApiError(e: unknown, signal: AbortSignal): ApiError {
   if (e instanceof ApiError) return e;
   if (e instanceof EngineInputError) return badRequest(e.message, e.param, e.code);
+  if (e instanceof EngineUpstreamError) return fromUpstreamError(e);
   if (signal.aborted) return abortedError(signal.reason);
   return new ApiError(500, "server_error", "The model failed while generating.", null, "generation_failed");
 }

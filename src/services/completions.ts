@@ -3,12 +3,13 @@
  * completion plugins, LangChain's non-chat class): raw prompts, `echo`, legacy `logprobs`, `suffix`
  * (fill-in-the-middle), several prompts and `n` choices each, streamed as `text_completion` chunks.
  */
-import { abortedError, ApiError, badRequest, jsonResponse } from "../http/errors.ts";
-import { SSE_HEADERS, sseStream } from "../http/sse.ts";
+import { abortedError, ApiError, badRequest, fromUpstreamError } from "../http/errors.ts";
 import type { Completion, CompletionLogprobs, CompletionRequest } from "../protocol/completions.ts";
 import type { CompletionUsage } from "../protocol/common.ts";
 import type { ChatEngine, ChatEvent, ChatJob, TokenLogprobInfo } from "../engines/types.ts";
-import { EngineInputError } from "../engines/types.ts";
+import { EngineInputError, EngineUpstreamError } from "../engines/types.ts";
+import { relayCompletion } from "../engines/upstream/completions.ts";
+import type { UpstreamPool } from "../engines/upstream/pool.ts";
 import type { Logger } from "../log.ts";
 import { samplingOptions } from "./sampling.ts";
 
@@ -23,6 +24,14 @@ export interface CompletionContext {
   onStarted?: (startedAt?: number) => void;
   onUsage?: (usage: CompletionUsage) => void;
 }
+
+/**
+ * A completions request's outcome: the whole completion, or its chunks (errors after the first
+ * byte are thrown by them; `toError` shapes them).
+ */
+export type CompletionRun =
+  | { kind: "completion"; completion: Completion }
+  | { kind: "stream"; chunks: AsyncGenerator<Completion>; toError: (e: unknown) => ApiError };
 
 /** Legacy logprobs accumulated for one choice. */
 class LegacyLogprobs {
@@ -52,7 +61,7 @@ class LegacyLogprobs {
 }
 
 /**
- * Answers one completions request: JSON, or an SSE stream of `text_completion` chunks.
+ * Answers one completions request: the completion, or (with `stream`) its `text_completion` chunks.
  *
  * @example
  * ```ts
@@ -67,7 +76,7 @@ export async function createCompletion(
   req: CompletionRequest,
   engine: ChatEngine,
   ctx: CompletionContext,
-): Promise<Response> {
+): Promise<CompletionRun> {
   const prompts = toPrompts(req, engine);
   const n = req.n ?? 1;
   if (req.best_of != null && req.best_of !== n) {
@@ -82,6 +91,7 @@ export async function createCompletion(
   const toError = (e: unknown) => {
     if (e instanceof ApiError) return e;
     if (e instanceof EngineInputError) return badRequest(e.message, e.param, e.code);
+    if (e instanceof EngineUpstreamError) return fromUpstreamError(e);
     if (signal.aborted) return abortedError(signal.reason);
     return new ApiError(500, "server_error", "The model failed while generating.", null, "generation_failed");
   };
@@ -202,7 +212,7 @@ export async function createCompletion(
       })),
       usage,
     };
-    return jsonResponse(body);
+    return { kind: "completion", completion: body };
   }
 
   async function* chunks(): AsyncGenerator<Completion> {
@@ -262,19 +272,48 @@ export async function createCompletion(
       }
     }
   }
-  const body = sseStream(chunks(), {
-    pingMs: 15_000,
-    onError: (e) => {
-      const error = toError(e);
-      ctx.log.warn("stream ended with an error", {
-        request_id: ctx.requestId,
-        status: error.status,
-        code: error.code,
-      });
-      return error.toBody();
-    },
-  });
-  return new Response(body, { headers: SSE_HEADERS });
+  return { kind: "stream", chunks: chunks(), toError };
+}
+
+/**
+ * Answers one completions request through a model's upstreams (their tokenizer reads the prompt),
+ * with the relay's engine errors as API errors.
+ *
+ * @example
+ * ```ts
+ * import { poolOf } from "../engines/upstream/load.ts";
+ * import type { ChatEngine } from "../engines/types.ts";
+ * import type { CompletionRequest } from "../protocol/completions.ts";
+ * async function answer(body: CompletionRequest, engine: ChatEngine, ctx: CompletionContext) {
+ *   const pool = poolOf(engine);
+ *   return pool ? await createRelayedCompletion(body, pool, ctx) : await createCompletion(body, engine, ctx);
+ * }
+ * ```
+ */
+export async function createRelayedCompletion(
+  req: CompletionRequest,
+  pool: UpstreamPool,
+  ctx: CompletionContext,
+): Promise<CompletionRun> {
+  const toError = (e: unknown): ApiError => {
+    if (e instanceof EngineInputError) return badRequest(e.message, e.param, e.code);
+    if (e instanceof EngineUpstreamError) return fromUpstreamError(e);
+    if (ctx.signal.aborted) return abortedError(ctx.signal.reason);
+    return new ApiError(
+      500,
+      "server_error",
+      "The relay of the completion failed.",
+      null,
+      "generation_failed",
+    );
+  };
+  let run;
+  try {
+    run = await relayCompletion(req, pool, ctx);
+  } catch (e) {
+    throw toError(e);
+  }
+  return run.kind === "completion" ? run : { ...run, toError };
 }
 
 /** The prompts as token lists (with fill-in-the-middle markup when `suffix` is given). */

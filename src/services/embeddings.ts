@@ -2,7 +2,7 @@
 import { badRequest } from "../http/errors.ts";
 import type { EmbeddingsRequest, EmbeddingsResponse } from "../protocol/embeddings.ts";
 import type { EmbeddingEngine } from "../engines/types.ts";
-import { float32ToBase64, truncateAndNormalize } from "./vectors.ts";
+import { float32ToBase64, truncateAndNormalize } from "../vectors.ts";
 import { Slicer } from "../event_loop.ts";
 
 /** Limits that come from the registry entry and the server settings. */

@@ -5,8 +5,7 @@
  * read back into output items, or into the typed events of a response stream.
  */
 import type { z } from "zod";
-import { ApiError, badRequest, fromZodError, jsonResponse } from "../http/errors.ts";
-import { SSE_HEADERS, sseStream } from "../http/sse.ts";
+import { ApiError, badRequest, fromZodError } from "../http/errors.ts";
 import type { ChatChunk, ChatCompletion, ChatMessage, ChatRequest } from "../protocol/chat.ts";
 import type { CompletionUsage } from "../protocol/common.ts";
 import {
@@ -37,8 +36,13 @@ export interface ResponsesOptions {
   sealer: ReasoningSealer;
 }
 
-/** The response header naming the tool types left out of the prompt. */
-export const IGNORED_TOOLS_HEADER = "x-vserve-ignored-tools";
+/**
+ * A Responses request's outcome: the `response` object, or its typed events; with the tool types
+ * left out of the prompt (`ignored`, hosted tools under the `ignore` policy).
+ */
+export type ResponsesRun =
+  | { kind: "response"; response: ResponseObject; ignored: string[] }
+  | { kind: "stream"; events: AsyncGenerator<ResponseStreamEvent>; ignored: string[] };
 
 /**
  * Answers one Responses request: a `response` object, or (with `stream`) its typed events.
@@ -59,11 +63,9 @@ export async function createResponse(
   engine: ChatEngine,
   ctx: ChatContext,
   opts: ResponsesOptions,
-): Promise<Response> {
+): Promise<ResponsesRun> {
   const { chat, params, shape, ignored } = await toChatRequest(req, opts);
-  const headers: Record<string, string> = {};
   if (ignored.length > 0) {
-    headers[IGNORED_TOOLS_HEADER] = ignored.join(", ");
     ctx.log.warn("tools this server cannot run were left out of the prompt", {
       request_id: ctx.requestId,
       tools: ignored,
@@ -78,12 +80,10 @@ export async function createResponse(
   }
   const base = responseBase(req, id, ctx.created);
   if (run.kind === "completion") {
-    return jsonResponse(await fromCompletion(base, run.completion, shape), 200, headers);
+    return { kind: "response", response: await fromCompletion(base, run.completion, shape), ignored };
   }
   const events = streamEvents(base, run.chunks, (e) => renameParam(run.toError(e), params), shape);
-  return new Response(sseStream(events, { pingMs: 15_000, done: false, event: (e) => e.type }), {
-    headers: { ...SSE_HEADERS, ...headers },
-  });
+  return { kind: "stream", events, ignored };
 }
 
 /** Where each chat message and tool came from, to name the Responses field in errors. */

@@ -23,6 +23,7 @@ import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
 import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
 import {
   AutomatonCache,
+  gbnfLiteral,
   GbnfRules,
   GrammarError,
   JsonGrammar,
@@ -30,7 +31,7 @@ import {
   textWithout,
 } from "../../grammar/mod.ts";
 import { ChatTemplate, type ThinkingFacts } from "./template.ts";
-import { dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.ts";
+import { type CallTags, dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.ts";
 import { OutputParser, type OutputPiece } from "./output_parser.ts";
 import { StopMatcher } from "./stop_strings.ts";
 import { EventQueue } from "./event_queue.ts";
@@ -102,6 +103,8 @@ export class LlamaChatEngine implements ChatEngine {
   readonly #log: Logger;
   /** Tokens of the text that opens a tool call (a single token makes the lazy grammar cheap). */
   readonly #openTokens: number[];
+  /** The call tags in grammars: the vocabulary's tokens where it has them (see CallTags). */
+  readonly #callTags: CallTags;
   /** Grammars by their inputs: each schema is compiled once. */
   readonly #plans = new LruCache<GrammarPlan>(GRAMMAR_CACHE.entries, GRAMMAR_CACHE.chars);
   /** Automata of JSON-schema `pattern`s, shared by every grammar of this model. */
@@ -139,6 +142,11 @@ export class LlamaChatEngine implements ChatEngine {
     this.dialect = opts.toolFormat ? DIALECTS[opts.toolFormat] : dialectOfTemplate(template.source);
     this.thinking = template.thinkingFacts();
     this.#openTokens = model.tokenize(this.dialect.open, true);
+    const closeTokens = model.tokenize(this.dialect.close, true);
+    this.#callTags = {
+      open: this.#openTokens.length === 1 ? `<[${this.#openTokens[0]}]>` : gbnfLiteral(this.dialect.open),
+      close: closeTokens.length === 1 ? `<[${closeTokens[0]}]>` : gbnfLiteral(this.dialect.close),
+    };
   }
 
   /**
@@ -225,6 +233,7 @@ export class LlamaChatEngine implements ChatEngine {
       prompt_cache_entries: c.entries,
       tokens_generated: s.tokensGenerated,
       decodes: s.decodes,
+      decodes_on_thread: this.#ctx.decodes.onThread,
       batched_tokens: s.batchedTokens,
       checkpoints_saved: s.checkpointsSaved,
       checkpoints_restored: s.checkpointsRestored,
@@ -385,6 +394,8 @@ export class LlamaChatEngine implements ChatEngine {
         if (!firstToken) {
           firstToken = true;
           queue.push({ type: "first_token" });
+          // The first token goes out at once, not at the end of a burst of decodes on this thread.
+          this.#ctx.endBurst();
         }
         return outputs[choice].token(token, logprob);
       },
@@ -547,7 +558,7 @@ export class LlamaChatEngine implements ChatEngine {
     const calls = tools.map((t) => {
       const i = job.tools.indexOf(t);
       const param = `tools[${i}].function.parameters`;
-      return withParam(param, () => this.dialect.callRule(g, t, param, `t${i}`));
+      return withParam(param, () => this.dialect.callRule(g, t, param, `t${i}`, this.#callTags));
     });
     const call = g.rules.add("call", calls.join(" | "));
     const more = job.parallelToolCalls ? ` ( "\\n" ${call} ){0,${MAX_PARALLEL_CALLS - 1}}` : "";

@@ -92,13 +92,22 @@ const QUANTUM = 64;
 /** Most tokens a request may be owed: one that could not run for a while does not then take over. */
 const MAX_CREDIT = 128;
 /**
- * A step of at most this many times (other parameters / vocabulary projection) tokens runs as one
- * decode with embedding output on, which projects every token onto the vocabulary; a longer one runs
- * its bodies without outputs and then its last tokens. Fitted on the bench and spec stand-ins: one
- * pass wins below ~16 tokens on a 0.6B shape (a second decode costs more than projecting a few
- * tokens) and never on a tiny model with a 4096-wide, 151,669-row head.
+ * A step of at most this many times (other parameters / vocabulary projection) tokens may run as one
+ * decode with embedding output on, which projects every token onto the vocabulary (llama.cpp outputs
+ * every token of an embedding batch, as llama-server's pooled path does); a longer one runs its bodies
+ * without outputs and then its last tokens. Which is cheaper depends on the hardware, not only the
+ * shape: on the quiet AMX Xeon one pass won below ~16 tokens on a 0.6B shape, on the 2-vCPU EPYC
+ * (AVX-512, no AMX) two decodes won at 9 tokens (151 against 220 ms of CPU, one thread), and a GPU
+ * need agree with neither. So steps of up to {@link MEASURED_STEP} tokens choose by the decode times
+ * measured on this machine (`#preferOnePass`); this rule bounds longer ones.
  */
 const ONE_PASS_FACTOR = 5;
+/** Steps of at most this many tokens choose one pass or two by measured decode times (exact kinds, pace.ts). */
+const MEASURED_STEP = 16;
+/** Samples of each path a step shape gets before the measured choice holds. */
+const FIRST_SAMPLES = 2;
+/** Then every this many-th step of a shape takes the other path, to renew its figure. */
+const RECHECK_EVERY = 64;
 /** Extra KV cells beyond the longest input, so short inputs are admitted beside a long one. */
 const RESERVE = 2048;
 const POOLING_IDS: Record<string, "mean" | "cls" | "last"> = { "1": "mean", "2": "cls", "3": "last" };
@@ -113,8 +122,12 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly #batch: Batch;
   /** The vocabulary's markup: inputs are text, none of it becomes a special token. */
   readonly #markup: Markup;
-  /** Steps of at most this many tokens, all finishing their inputs, take one decode. */
+  /** Steps of at most this many tokens, all finishing their inputs, may take one decode. */
   readonly #onePassTokens: number;
+  /** One pass or two chosen by measured decode times (no `onePassTokens` given). */
+  readonly #measured: boolean;
+  /** Short steps taken so far, by shape (tokens, inputs). */
+  readonly #shapes = new Map<string, number>();
   /** Requests with inputs queued or in flight, in arrival order. */
   #jobs: Job[] = [];
   #jobCount = 0;
@@ -150,8 +163,9 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     this.#freeSeqs = Array.from({ length: ctx.nSeqMax }, (_, i) => i);
     const head = model.nVocab * model.nEmbd;
     // Parameters besides the token table (counted once: tied or not, it is the head's size).
+    this.#measured = onePassTokens === undefined;
     this.#onePassTokens = onePassTokens ??
-      Math.floor(ONE_PASS_FACTOR * Math.max(0, model.nParams - head) / head);
+      Math.max(MEASURED_STEP, Math.floor(ONE_PASS_FACTOR * Math.max(0, model.nParams - head) / head));
     if (model.eos < 0) throw new Error("the embedding model has no end-of-text token");
   }
 
@@ -399,6 +413,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   async #onePass(): Promise<boolean> {
     const remaining = this.#active.reduce((n, i) => n + i.ids.length - i.fed, 0);
     if (remaining > this.#onePassTokens || remaining > this.#batch.capacity) return false;
+    if (!this.#preferOnePass(remaining, this.#active.length)) return false;
     const batch = this.#batch;
     batch.clear();
     const outs = this.#active.map((input) => {
@@ -416,6 +431,29 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       this.#done(input, this.#row(out).slice());
     }
     return true;
+  }
+
+  /**
+   * Whether a short step of `tokens` tokens finishing `inputs` inputs runs as one decode: from the
+   * expected times of this context's decodes (pace.ts: one pass = `tokens` with outputs; two = the
+   * bodies without, then `inputs` with), each path tried {@link FIRST_SAMPLES} times first and the
+   * other path again every {@link RECHECK_EVERY}-th step, so a figure taken under a passing load is
+   * renewed. Longer steps, and engines given `onePassTokens`, keep the shape rule.
+   */
+  #preferOnePass(tokens: number, inputs: number): boolean {
+    if (!this.#measured || tokens > MEASURED_STEP) return true;
+    const body = tokens - inputs;
+    if (body === 0) return true; // only last tokens: one decode either way
+    const ctx = this.#ctx;
+    const key = `${tokens}:${inputs}`;
+    const n = (this.#shapes.get(key) ?? 0) + 1;
+    this.#shapes.set(key, n);
+    const one = ctx.expectedDecode(tokens, true);
+    const split = [ctx.expectedDecode(body, false), ctx.expectedDecode(inputs, true)];
+    if (one.samples < FIRST_SAMPLES) return true;
+    if (split.some((s) => s.samples < FIRST_SAMPLES)) return false;
+    const choice = one.ms <= split[0].ms + split[1].ms;
+    return n % RECHECK_EVERY === 0 ? !choice : choice;
   }
 
   /** Every token with its state (mean or CLS pooling), chunk by chunk, dealt out by tokens. */

@@ -133,6 +133,8 @@ const SYMBOLS = {
   llama_batch_init: { parameters: ["i32", "i32", "i32"], result: batch },
   llama_batch_free: { parameters: [batch], result: "void" },
   llama_decode: { parameters: ["pointer", batch], result: "i32", nonblocking: true },
+  // The same on the calling thread, for decodes too short to be worth a hand-off (see pace.ts).
+  llama_decode_sync: { name: "llama_decode", parameters: ["pointer", batch], result: "i32" },
   llama_set_n_threads: { parameters: ["pointer", "i32", "i32"], result: "void" },
   llama_set_embeddings: { parameters: ["pointer", "bool"], result: "void" },
   llama_synchronize: { parameters: ["pointer"], result: "void" },
@@ -426,6 +428,27 @@ export function serialized<T>(work: () => Promise<T>): Promise<T> {
   const run = computing.then(work, work).finally(() => inFlight--);
   computing = run.catch(() => {});
   return run;
+}
+
+/**
+ * Runs `work` (synchronous native compute) at once on this thread if no compute is queued or running
+ * in {@link serialized}, so the order and exclusion it keeps hold; undefined when something is.
+ *
+ * @example
+ * ```ts
+ * function decodeHere(lib: LlamaLibrary, ctx: Deno.PointerValue, batch: Uint8Array<ArrayBuffer>) {
+ *   return computeNow(() => lib.symbols.llama_decode_sync(ctx, batch)); // undefined: compute is queued
+ * }
+ * ```
+ */
+export function computeNow<T>(work: () => T): { result: T } | undefined {
+  if (inFlight > 0) return undefined;
+  inFlight++;
+  try {
+    return { result: work() };
+  } finally {
+    inFlight--;
+  }
 }
 
 /** The paths of the files mapped into this process (Linux). */

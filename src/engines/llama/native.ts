@@ -3,6 +3,7 @@
  * native memory and translate return codes into errors; scheduling lives elsewhere.
  */
 import {
+  computeNow,
   CONTEXT_PARAMS,
   cString,
   type LlamaLibrary,
@@ -36,6 +37,25 @@ export interface ModelPlacement {
   noAlloc?: boolean;
 }
 import type { ComputeClient } from "../compute_share.ts";
+
+import { decodeKind, DecodePace } from "./pace.ts";
+
+/**
+ * One pace for the process: its bursts of synchronous decodes hold the one event loop, whichever
+ * context runs them. `VSERVE_SYNC_DECODE_MS` sets the longest decode run synchronously (0: none).
+ */
+const pace = new DecodePace(syncDecodeMs());
+let contexts = 0;
+
+function syncDecodeMs(): number | undefined {
+  try {
+    const text = Deno.env.get("VSERVE_SYNC_DECODE_MS");
+    const ms = text === undefined ? NaN : Number(text);
+    return Number.isFinite(ms) && ms >= 0 ? ms : undefined;
+  } catch {
+    return undefined; // no permission to read the environment: the default
+  }
+}
 
 /** Token attribute bits (`llama_token_attr`). */
 const ATTR_UNKNOWN = 1 << 0;
@@ -334,6 +354,8 @@ export interface ContextOptions {
   kvUnified: boolean;
   /** llama.cpp's flash attention: `auto` (its default: on where the backend has it), `on` or `off`. */
   flashAttention?: FlashAttention;
+  /** Where its decodes run (default: the process's pace, see pace.ts). */
+  pace?: DecodePace;
   /** The model's turn on the machine's compute (see compute_share.ts); absent: first come, first served. */
   compute?: ComputeClient;
 }
@@ -352,6 +374,17 @@ export class NativeContext {
   readonly nSeqMax: number;
   readonly mem: Deno.PointerObject;
   #freed = false;
+  readonly #id = ++contexts;
+  readonly #pace: DecodePace;
+  #embeddings: boolean;
+  /** Decodes run on the JavaScript thread (see pace.ts) and on the blocking pool. */
+  readonly decodes = { onThread: 0, offThread: 0 };
+  /**
+   * A sequence copy is pending: llama.cpp performs it at the start of the next decode (a whole KV
+   * stream, hundreds of MB on a large model), so that decode runs off the JavaScript thread and its
+   * time is not taken as its shape's.
+   */
+  #copyPending = false;
   /** A view of llama.cpp's logits buffer from its start (see {@link logits}). */
   #outputs?: { base: Deno.PointerObject; view: Float32Array };
 
@@ -359,9 +392,13 @@ export class NativeContext {
     readonly lib: LlamaLibrary,
     readonly model: NativeModel,
     readonly ptr: Deno.PointerObject,
+    embeddings: boolean,
+    decodePace: DecodePace,
     readonly compute?: ComputeClient,
   ) {
     const s = lib.symbols;
+    this.#embeddings = embeddings;
+    this.#pace = decodePace;
     this.nCtx = s.llama_n_ctx(ptr);
     this.nCtxSeq = s.llama_n_ctx_seq(ptr);
     this.nBatch = s.llama_n_batch(ptr);
@@ -406,11 +443,30 @@ export class NativeContext {
           "(not enough memory? the log above says why)",
       );
     }
-    return new NativeContext(lib, model, ptr, opts.compute);
+    return new NativeContext(lib, model, ptr, opts.embeddings, opts.pace ?? pace, opts.compute);
+  }
+
+  /**
+   * Ends the current burst of decodes on the JavaScript thread: the next decode lets the event loop
+   * wait, which sends what the streams wrote (a request's first token, say) without waiting for the
+   * burst's end.
+   */
+  endBurst(): void {
+    this.#pace.endBurst();
+  }
+
+  /**
+   * The expected wall time of a decode of `tokens` tokens, with outputs (`embeddings`) or not, in
+   * this context (a moving average, see pace.ts), and how many were measured (0: ms is NaN).
+   */
+  expectedDecode(tokens: number, embeddings: boolean): { ms: number; samples: number } {
+    const kind = `${this.#id}:${decodeKind(tokens, embeddings)}`;
+    return { ms: this.#pace.expected(kind) ?? NaN, samples: this.#pace.samples(kind) };
   }
 
   /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */
   idle(): void {
+    this.#pace.rest();
     this.compute?.idle();
     this.lib.idle();
   }
@@ -420,10 +476,47 @@ export class NativeContext {
     return this.compute ? this.compute.run(() => serialized(work)) : serialized(work);
   }
 
-  /** Runs the model on `batch` (off the JS thread); throws with llama.cpp's reason on failure. */
+  /**
+   * `work` (synchronous native compute) at once on this thread, when nothing is queued or running in
+   * the process and the arbiter grants this model a turn now; undefined otherwise.
+   */
+  #computeNow<T>(work: () => T): { result: T } | undefined {
+    if (!this.compute) return computeNow(work);
+    return computeNow(() => this.compute!.runNow(work))?.result;
+  }
+
+  /**
+   * Runs the model on `batch`: on the JavaScript thread when a decode of its shape is expected to be
+   * short, else off it (see pace.ts); throws with llama.cpp's reason on failure.
+   */
   async decode(batch: Batch): Promise<void> {
     if (batch.size === 0) return;
-    const r = await this.#computeStep(() => this.lib.symbols.llama_decode(this.ptr, batch.struct()));
+    const s = this.lib.symbols;
+    const kind = `${this.#id}:${decodeKind(batch.size, this.#embeddings)}`;
+    const start = performance.now();
+    const copying = this.#copyPending;
+    this.#copyPending = false;
+    const now = !copying && this.#pace.onThread(kind)
+      ? this.#computeNow(() => s.llama_decode_sync(this.ptr, batch.struct()))
+      : undefined;
+    let r: number;
+    if (now) {
+      r = now.result;
+      // Wall time, not the thread's CPU: it bounds how long what the streams wrote waits to be sent.
+      this.#pace.record(kind, performance.now() - start, true);
+      this.decodes.onThread++;
+    } else {
+      let ms = 0;
+      r = await this.#computeStep(async () => {
+        const t = performance.now();
+        const result = await s.llama_decode(this.ptr, batch.struct());
+        ms = performance.now() - t;
+        return result;
+      });
+      if (copying) this.#pace.rest();
+      else this.#pace.record(kind, ms, false);
+      this.decodes.offThread++;
+    }
     if (r === 0) return;
     throw new Error(
       r === 1
@@ -466,6 +559,7 @@ export class NativeContext {
 
   /** Switches embedding output on or off for the next decodes. */
   setEmbeddings(on: boolean): void {
+    this.#embeddings = on;
     this.lib.symbols.llama_set_embeddings(this.ptr, on);
   }
 
@@ -481,6 +575,7 @@ export class NativeContext {
    */
   copySequence(src: number, dst: number): void {
     this.lib.symbols.llama_memory_seq_cp(this.mem, src, dst, -1, -1);
+    this.#copyPending = true;
   }
 
   /** Last position held for `seq`, or -1. */

@@ -1,37 +1,14 @@
 /**
- * The model's own Jinja chat template (from the GGUF), rendered with `@huggingface/jinja`, and the
- * facts read from it: whether it has a thinking switch and its default.
- *
- * Client strings never become markup: they are rendered with their special-token strings hidden
- * and come back as plain-text pieces ({@link Markup}). A large history renders on a worker thread
- * of its own (`template_worker.ts`), so the event loop goes on serving meanwhile.
+ * The model's own chat template as the chat engine uses it: rendered on the event loop when the
+ * input is small, and on a worker thread of its own (`template_worker.ts`) when it is large, so the
+ * event loop goes on serving meanwhile. The rendering itself is `template_render.ts`.
  */
-import { Template } from "@huggingface/jinja";
-import type { EngineMessage, EngineTool } from "../types.ts";
+import type { PromptPieces } from "../markup.ts";
 import { EngineInputError } from "../types.ts";
-import { Markup, type MarkupToken, type PromptPieces, TooManyMarkupStrings } from "../markup.ts";
+import { type TemplateInput, TemplateRenderer, type TemplateSource } from "./template_render.ts";
+import type { RenderReply, RenderRequest } from "./template_worker.ts";
 
-/** What a template does with thinking. */
-export interface ThinkingFacts {
-  /** `enable_thinking` changes the prompt. */
-  switchable: boolean;
-  /** Thinking when the request does not say. */
-  defaultOn: boolean;
-}
-
-/** What a prompt is rendered from. */
-export interface TemplateInput {
-  messages: readonly EngineMessage[];
-  tools: readonly EngineTool[];
-  thinking: boolean | undefined;
-}
-
-/** How a template is built (also what its worker receives). */
-export interface TemplateSource {
-  source: string;
-  specials: { bos: string; eos: string };
-  markup: readonly MarkupToken[];
-}
+export type { TemplateInput, TemplateSource, ThinkingFacts } from "./template_render.ts";
 
 /**
  * Inputs up to this size render on the event loop (the 17k-token agent prompt of 15 tools renders
@@ -39,76 +16,14 @@ export interface TemplateSource {
  */
 const INLINE_RENDER_SIZE = 256;
 
-/** A parsed chat template. */
-export class ChatTemplate {
-  readonly #template: Template;
-  readonly #specials: { bos_token: string; eos_token: string };
-  readonly #markup: Markup;
+/** A parsed chat template whose large inputs render on a worker thread. */
+export class ChatTemplate extends TemplateRenderer {
   readonly #init: TemplateSource;
-  /** The template splits `<think>…</think>` out of assistant content (Qwen's templates do). */
-  readonly #splitsThink: boolean;
   #worker?: RenderWorker;
-  readonly source: string;
 
   constructor(init: TemplateSource) {
+    super(init);
     this.#init = init;
-    this.source = init.source;
-    this.#template = new Template(init.source);
-    this.#specials = { bos_token: init.specials.bos, eos_token: init.specials.eos };
-    this.#markup = new Markup(init.markup);
-    this.#splitsThink = init.source.includes("</think>");
-  }
-
-  /** The vocabulary's markup strings. */
-  get markup(): Markup {
-    return this.#markup;
-  }
-
-  /**
-   * The prompt for `messages`, split at the template's markup ({@link Markup.split}); a template
-   * error (its `raise_exception`, or a history it cannot render) is an {@link EngineInputError}
-   * carrying the template's message.
-   *
-   * @example
-   * ```ts
-   * const template = new ChatTemplate({
-   *   source: "{% for m in messages %}{{ m.role }}: {{ m.content }}<|im_end|>\n{% endfor %}",
-   *   specials: { bos: "", eos: "<|im_end|>" },
-   *   markup: [{ text: "<|im_end|>", id: 2, matchedInText: false }],
-   * });
-   * template.render({ messages: [{ role: "user", text: "Hi" }], tools: [], thinking: true });
-   * // { text: "user: Hi<|im_end|>\n", pieces: ["user: Hi", 2, "\n"] }
-   * ```
-   */
-  render(input: TemplateInput): PromptPieces {
-    const hider = this.#markup.hider();
-    let rendered: string;
-    try {
-      const context = {
-        messages: hider.hideDeep(toTemplateMessages(input.messages, this.#splitsThink)),
-        tools: input.tools.length > 0
-          ? hider.hideDeep(input.tools.map((t) => ({
-            type: "function",
-            function: { name: t.name, description: t.description ?? "", parameters: t.parameters ?? {} },
-          })))
-          : undefined,
-        add_generation_prompt: true,
-        ...(input.thinking === undefined ? {} : { enable_thinking: input.thinking }),
-        ...this.#specials,
-      };
-      rendered = this.#template.render(context);
-    } catch (e) {
-      if (e instanceof TooManyMarkupStrings) {
-        throw new EngineInputError(e.message, "messages", "invalid_value");
-      }
-      const reason = (e as Error).message?.replace(/^Error:\s*/, "") || String(e);
-      throw new EngineInputError(
-        `The model's chat template cannot render these messages: ${reason}`,
-        "messages",
-        "invalid_messages",
-      );
-    }
-    return this.#markup.split(rendered, hider);
   }
 
   /**
@@ -120,87 +35,6 @@ export class ChatTemplate {
     if (this.#worker?.failed) this.dispose();
     this.#worker ??= new RenderWorker(this.#init);
     return await this.#worker.render(input, signal);
-  }
-
-  /** Whether the template switches thinking, and its default (from three probe renders). */
-  thinkingFacts(): ThinkingFacts {
-    const probe = { messages: [{ role: "user" as const, text: "ping" }], tools: [] };
-    try {
-      const on = this.render({ ...probe, thinking: true }).text;
-      const off = this.render({ ...probe, thinking: false }).text;
-      const unset = this.render({ ...probe, thinking: undefined }).text;
-      return { switchable: on !== off, defaultOn: on !== off && unset === on };
-    } catch {
-      return { switchable: false, defaultOn: false };
-    }
-  }
-
-  /**
-   * A lower bound of the prompt tokens of `messages`, found without rendering them: per message,
-   * the markup tokens and plain-text runs one more message of its role adds (probed once: runs
-   * between markup tokens hold at least one token each), with more for the run of a text longer
-   * than one of the vocabulary's longest tokens. Lets a history far past the context be refused at
-   * once (`longestToken`: in characters; UTF-8 bytes are never fewer than UTF-16 units).
-   */
-  promptFloor(messages: readonly EngineMessage[], longestToken: number): number {
-    this.#costs ??= this.#messageCosts();
-    let floor = 0;
-    for (const m of messages) {
-      const cost = this.#costs[m.role];
-      // Its text lies in one of its runs, whose tokens hold at most `longestToken` characters each.
-      floor += cost.markup +
-        (cost.runs === 0 ? 0 : cost.runs - 1 + Math.max(1, Math.ceil(m.text.length / longestToken)));
-    }
-    return floor;
-  }
-
-  #costs?: Record<EngineMessage["role"], { markup: number; runs: number }>;
-
-  /**
-   * What one more message of each role adds to a prompt at least: markup tokens and plain-text
-   * runs, the fewest over the places a message can take (after a user query, after one of its own
-   * role, before a user query: templates render the last message, runs of a role and turns before
-   * the last query differently). Places the template refuses are skipped; a role it refuses
-   * everywhere adds 0.
-   */
-  #messageCosts(): Record<EngineMessage["role"], { markup: number; runs: number }> {
-    const count = (messages: EngineMessage[]) => {
-      const { pieces } = this.render({ messages, tools: [], thinking: undefined });
-      let markup = 0;
-      let runs = 0;
-      for (let i = 0; i < pieces.length; i++) {
-        if (typeof pieces[i] === "number") markup++;
-        else if (i === 0 || typeof pieces[i - 1] === "number") runs++;
-      }
-      return { markup, runs };
-    };
-    const q: EngineMessage = { role: "user", text: "" };
-    const samples: Record<EngineMessage["role"], EngineMessage> = {
-      user: { role: "user", text: "" },
-      system: { role: "system", text: "" },
-      assistant: { role: "assistant", text: "", toolCalls: [] },
-      tool: { role: "tool", text: "", toolCallId: "call_0" },
-    };
-    const costs = {} as Record<EngineMessage["role"], { markup: number; runs: number }>;
-    for (const [role, r] of Object.entries(samples) as [EngineMessage["role"], EngineMessage][]) {
-      let markup = Infinity;
-      let runs = Infinity;
-      for (const [without, withIt] of [[[q], [q, r]], [[q, r], [q, r, r]], [[q, q], [q, r, q]]]) {
-        try {
-          const a = count(without);
-          const b = count(withIt);
-          markup = Math.min(markup, b.markup - a.markup);
-          runs = Math.min(runs, b.runs - a.runs);
-        } catch {
-          // a place this template refuses
-        }
-      }
-      costs[role] = {
-        markup: Number.isFinite(markup) ? Math.max(0, markup) : 0,
-        runs: Number.isFinite(runs) ? Math.max(0, runs) : 0,
-      };
-    }
-    return costs;
   }
 
   /** Stops the worker thread, if one was started. */
@@ -220,58 +54,6 @@ function renderSize(input: TemplateInput): number {
   for (const t of input.tools) chars += (t.description?.length ?? 0) + 2000;
   return input.messages.length + input.tools.length + chars / 1000;
 }
-
-/** The history in the shape chat templates expect (OpenAI-like; call arguments as objects). */
-function toTemplateMessages(messages: readonly EngineMessage[], splitsThink: boolean) {
-  return messages.map((m) => {
-    switch (m.role) {
-      case "assistant": {
-        // A reasoning block in the content, as some clients send the model's output back: the
-        // template would split it out at `</think>`; it is the message's reasoning (as text).
-        let text = m.text;
-        let reasoning = m.reasoning;
-        if (splitsThink && !reasoning && text.includes("</think>")) {
-          const [before] = text.split("</think>", 1);
-          reasoning = before.replace(/\n+$/, "").split("<think>").at(-1)!.replace(/^\n+/, "");
-          text = text.slice(text.lastIndexOf("</think>") + "</think>".length).replace(/^\n+/, "");
-        }
-        return {
-          role: "assistant",
-          content: text,
-          ...(reasoning ? { reasoning_content: reasoning } : {}),
-          ...(m.toolCalls.length > 0
-            ? {
-              tool_calls: m.toolCalls.map((c) => ({
-                id: c.id,
-                type: "function",
-                function: { name: c.name, arguments: c.arguments },
-              })),
-            }
-            : {}),
-        };
-      }
-      case "tool":
-        return {
-          role: "tool",
-          content: m.text,
-          tool_call_id: m.toolCallId,
-          ...(m.toolName ? { name: m.toolName } : {}),
-        };
-      default:
-        return { role: m.role, content: m.text };
-    }
-  });
-}
-
-/** What the render worker is asked and answers (see `template_worker.ts`). */
-export type RenderRequest = { type: "init"; init: TemplateSource } | {
-  type: "render";
-  id: number;
-  input: TemplateInput;
-};
-export type RenderReply =
-  | { id: number; ok: true; prompt: PromptPieces }
-  | { id: number; ok: false; input: boolean; message: string; param: string | null; code: string | null };
 
 /** The worker thread that renders large inputs, one at a time in arrival order. */
 class RenderWorker {

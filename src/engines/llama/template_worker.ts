@@ -3,18 +3,29 @@
  * Jinja interpreter hundreds of milliseconds, which on the server's thread would hold every
  * route. Messages: see {@link RenderRequest} and {@link RenderReply}.
  */
-import { ChatTemplate, type RenderReply, type RenderRequest } from "./template.ts";
+import { type TemplateInput, TemplateRenderer, type TemplateSource } from "./template_render.ts";
+import type { PromptPieces } from "../markup.ts";
 import { EngineInputError } from "../types.ts";
+
+/** What the render worker is asked and answers. */
+export type RenderRequest = { type: "init"; init: TemplateSource } | {
+  type: "render";
+  id: number;
+  input: TemplateInput;
+};
+export type RenderReply =
+  | { id: number; ok: true; prompt: PromptPieces }
+  | { id: number; ok: false; input: boolean; message: string; param: string | null; code: string | null };
 
 const scope = globalThis as unknown as {
   onmessage: ((event: MessageEvent<RenderRequest>) => void) | null;
   postMessage(reply: RenderReply): void;
 };
-let template: ChatTemplate | undefined;
+let template: TemplateRenderer | undefined;
 
 scope.onmessage = ({ data }) => {
   if (data.type === "init") {
-    template = new ChatTemplate(data.init);
+    template = new TemplateRenderer(data.init);
     return;
   }
   try {

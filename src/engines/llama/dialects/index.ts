@@ -3,7 +3,7 @@ import type { ToolDialect } from "./types.ts";
 import { jsonDialect } from "./json.ts";
 import { xmlDialect } from "./xml.ts";
 
-export type { CallEvent, CallParser, ToolDialect } from "./types.ts";
+export type { CallEvent, CallParser, CallTags, ToolDialect } from "./types.ts";
 
 /** Every dialect by name (the registry's `toolFormat`). */
 export const DIALECTS: Record<"json" | "xml", ToolDialect> = { json: jsonDialect, xml: xmlDialect };

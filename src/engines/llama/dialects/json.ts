@@ -7,6 +7,7 @@ import {
   type CallEvent,
   type CallParser,
   type CallResult,
+  type CallTags,
   JsonCompactor,
   type ToolDialect,
 } from "./types.ts";
@@ -18,13 +19,13 @@ export const jsonDialect: ToolDialect = {
   name: "json",
   open: "<tool_call>",
   close: "</tool_call>",
-  callRule(grammar: JsonGrammar, tool: EngineTool, param: string, hint: string): string {
+  callRule(grammar: JsonGrammar, tool: EngineTool, param: string, hint: string, tags: CallTags): string {
     const args = grammar.schema(objectSchema(tool.parameters), param, hint);
     return grammar.rules.add(
       `${hint}-call`,
-      `${gbnfLiteral(`<tool_call>\n{"name": ${JSON.stringify(tool.name)}, "arguments": `)} ${args} ${
-        gbnfLiteral("}\n</tool_call>")
-      }`,
+      `${tags.open} ${gbnfLiteral(`\n{"name": ${JSON.stringify(tool.name)}, "arguments": `)} ${args} ${
+        gbnfLiteral("}\n")
+      } ${tags.close}`,
     );
   },
   parser: () => new JsonCallParser(),

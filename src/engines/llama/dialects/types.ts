@@ -24,6 +24,16 @@ export interface CallParser {
   end(closed: boolean): { events: CallEvent[]; result: CallResult };
 }
 
+/**
+ * The GBNF of a call's opening and closing tags. Where the vocabulary has a tag as one token, the
+ * grammar names that token (`<[151657]>`): only the token opens a call, as the model was trained to
+ * write it, and a logit bias on it holds; the same text spelled in ordinary tokens is plain text.
+ */
+export interface CallTags {
+  open: string;
+  close: string;
+}
+
 /** One dialect. */
 export interface ToolDialect {
   readonly name: "json" | "xml";
@@ -31,8 +41,11 @@ export interface ToolDialect {
   readonly open: string;
   /** The text that closes a call. */
   readonly close: string;
-  /** A GBNF rule matching one complete call of `tool`, opening and closing tags included. */
-  callRule(grammar: JsonGrammar, tool: EngineTool, param: string, hint: string): string;
+  /**
+   * A GBNF rule matching one complete call of `tool`, opening and closing tags included, written as
+   * `tags` gives them (the vocabulary's single tokens where it has them, else the text).
+   */
+  callRule(grammar: JsonGrammar, tool: EngineTool, param: string, hint: string, tags: CallTags): string;
   /** A parser for the text inside one call. */
   parser(tools: readonly EngineTool[]): CallParser;
 }

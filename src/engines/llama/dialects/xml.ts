@@ -11,6 +11,7 @@ import {
   type CallEvent,
   type CallParser,
   type CallResult,
+  type CallTags,
   isStringSchema,
   parameterSchema,
   resolveRef,
@@ -24,7 +25,7 @@ export const xmlDialect: ToolDialect = {
   name: "xml",
   open: "<tool_call>",
   close: "</tool_call>",
-  callRule(grammar: JsonGrammar, tool: EngineTool, param: string, hint: string): string {
+  callRule(grammar: JsonGrammar, tool: EngineTool, param: string, hint: string, tags: CallTags): string {
     const rules = grammar.rules;
     const schema = objectSchema(tool.parameters);
     const props = (schema.properties ?? {}) as Record<string, unknown>;
@@ -49,9 +50,9 @@ export const xmlDialect: ToolDialect = {
     }
     return rules.add(
       `${hint}-call`,
-      `${gbnfLiteral(`<tool_call>\n<function=${tool.name}>\n`)} ${params} ${
-        gbnfLiteral("</function>\n</tool_call>")
-      }`,
+      `${tags.open} ${gbnfLiteral(`\n<function=${tool.name}>\n`)} ${params} ${
+        gbnfLiteral("</function>\n")
+      } ${tags.close}`,
     );
   },
   parser: (tools) => new XmlCallParser(tools),

@@ -8,11 +8,10 @@
  * first byte, the first-byte and idle limits work as for chat, and a non-streamed answer is
  * assembled here from the chunks.
  */
-import { abortedError, ApiError, badRequest, jsonResponse } from "../http/errors.ts";
-import { SSE_HEADERS, sseStream } from "../http/sse.ts";
-import type { Logger } from "../log.ts";
-import type { Completion, CompletionLogprobs, CompletionRequest } from "../protocol/completions.ts";
-import type { CompletionUsage } from "../protocol/common.ts";
+import type { Logger } from "../../log.ts";
+import type { Completion, CompletionLogprobs, CompletionRequest } from "../../protocol/completions.ts";
+import type { CompletionUsage } from "../../protocol/common.ts";
+import { EngineInputError, EngineUpstreamError } from "../types.ts";
 import { type Outcome, UpstreamFailure } from "./failure.ts";
 import { affinityKey, type Lease, type Upstream, type UpstreamPool } from "./pool.ts";
 import { post, statusFailure } from "./wire.ts";
@@ -30,6 +29,11 @@ export interface RelayContext {
 
 type Choice = Completion["choices"][number];
 
+/** A relayed completion: the whole of it, or its chunks (a failure after the first byte is thrown by them). */
+export type RelayedCompletion =
+  | { kind: "completion"; completion: Completion }
+  | { kind: "stream"; chunks: AsyncGenerator<Completion> };
+
 interface WireCompletionChunk {
   choices?: {
     text?: string | null;
@@ -45,13 +49,14 @@ interface WireCompletionChunk {
 }
 
 /**
- * Answers one legacy completions request through the model's upstreams: JSON, or an event stream
- * of `text_completion` chunks. Errors before the first byte are thrown as `ApiError`s.
+ * Answers one legacy completions request through the model's upstreams: the completion, or (with
+ * `stream`) its `text_completion` chunks. What the client is told is thrown as an engine error
+ * (`EngineInputError`, `EngineUpstreamError`); the client's abort and unexpected errors as they are.
  *
  * @example
  * ```ts
  * import { poolOf } from "./load.ts";
- * import type { CompletionRequest } from "../protocol/completions.ts";
+ * import type { CompletionRequest } from "../../protocol/completions.ts";
  * async function answer(body: CompletionRequest, engine: unknown, ctx: RelayContext) {
  *   const pool = poolOf(engine);
  *   if (pool) return await relayCompletion(body, pool, ctx);
@@ -62,7 +67,7 @@ export async function relayCompletion(
   req: CompletionRequest,
   pool: UpstreamPool,
   ctx: RelayContext,
-): Promise<Response> {
+): Promise<RelayedCompletion> {
   checkRequest(req);
   const model = pool.model;
   const routing = pool.routing;
@@ -81,16 +86,9 @@ export async function relayCompletion(
   const abort = new AbortController();
   const signal = AbortSignal.any([ctx.signal, abort.signal]);
   const clientError = (e: unknown) => {
-    if (e instanceof ApiError) return e;
-    if (signal.aborted) return abortedError(signal.reason);
-    if (e instanceof UpstreamFailure) return e.toApiError(model);
-    return new ApiError(
-      500,
-      "server_error",
-      "The relay of the completion failed.",
-      null,
-      "generation_failed",
-    );
+    if (signal.aborted) return e;
+    if (e instanceof UpstreamFailure) return e.toEngineError(model);
+    return e;
   };
   let startedAt: number | undefined;
   const open = async (u: Upstream, sig: AbortSignal) => {
@@ -161,7 +159,7 @@ export async function relayCompletion(
       choices: assemble(result.chunks.flatMap((c) => c.choices)),
       usage,
     };
-    return jsonResponse(body);
+    return { kind: "completion", completion: body };
   }
 
   let stream: Awaited<ReturnType<typeof open>>;
@@ -206,33 +204,21 @@ export async function relayCompletion(
         url: stream.upstream.base,
         reason,
       });
-      throw f.toApiError(model);
+      throw f.toEngineError(model);
     } finally {
       if (outcome === "cancelled") abort.abort(new DOMException("stream cancelled", "AbortError"));
       await data.return(undefined).catch(() => {});
       lease.end(outcome, reason);
     }
   }
-  const sse = sseStream(chunks(), {
-    pingMs: 15_000,
-    onError: (e) => {
-      const error = clientError(e);
-      ctx.log.warn("stream ended with an error", {
-        request_id: ctx.requestId,
-        status: error.status,
-        code: error.code,
-      });
-      return error.toBody();
-    },
-  });
-  return new Response(sse, { headers: SSE_HEADERS });
+  return { kind: "stream", chunks: chunks() };
 }
 
 /** The checks a local model makes that need no tokenizer, with the same messages. */
 function checkRequest(req: CompletionRequest): void {
   const n = req.n ?? 1;
   if (req.best_of != null && req.best_of !== n) {
-    throw badRequest(
+    throw new EngineInputError(
       "best_of other than n is not supported; send best_of equal to n or leave it out.",
       "best_of",
     );
@@ -240,11 +226,13 @@ function checkRequest(req: CompletionRequest): void {
   const p = req.prompt;
   const prompts = typeof p === "string" || typeof p[0] === "number" ? [p] : p as (string | number[])[];
   if (prompts.length > 64) {
-    throw badRequest("prompt holds more than 64 prompts.", "prompt", "too_many_inputs");
+    throw new EngineInputError("prompt holds more than 64 prompts.", "prompt", "too_many_inputs");
   }
   prompts.forEach((x, i) => {
     const param = prompts.length === 1 ? "prompt" : `prompt[${i}]`;
-    if (x === "" && req.suffix == null) throw badRequest(`${param} is empty.`, param, "invalid_value");
+    if (x === "" && req.suffix == null) {
+      throw new EngineInputError(`${param} is empty.`, param, "invalid_value");
+    }
   });
 }
 
@@ -255,8 +243,10 @@ function checkRequest(req: CompletionRequest): void {
 function notOffered(e: unknown): unknown {
   if (!(e instanceof UpstreamFailure) || ![404, 405, 501].includes(e.status ?? 0)) return e;
   return new UpstreamFailure(e.message, "rejected", false, (m) =>
-    badRequest(
+    new EngineUpstreamError(
       `The engines serving '${m}' do not offer legacy completions; use /v1/chat/completions.`,
+      400,
+      "invalid_request_error",
       "model",
       "unsupported_for_upstream_model",
     ), e.status);

@@ -2,7 +2,7 @@
  * How an exchange with an upstream failed, shared by the pool (health, retries) and the wire (the
  * HTTP exchange): neither imports the other for it.
  */
-import { ApiError } from "../http/errors.ts";
+import { EngineUpstreamError } from "../types.ts";
 
 /** How a request to an upstream ended, for metrics (`outcome` label) and health. */
 export type Outcome =
@@ -32,8 +32,8 @@ export class UpstreamFailure extends Error {
     message: string,
     readonly outcome: Outcome,
     readonly retryable: boolean,
-    /** The error the client receives, without the model id (filled in by `toApiError`). */
-    readonly client: (model: string) => ApiError,
+    /** The error the client receives, without the model id (filled in by `toEngineError`). */
+    readonly client: (model: string) => EngineUpstreamError,
     /** The upstream's HTTP status, when it answered with one. */
     readonly status?: number,
   ) {
@@ -41,21 +41,26 @@ export class UpstreamFailure extends Error {
   }
 
   /** The client's error for model `model`. */
-  toApiError(model: string): ApiError {
+  toEngineError(model: string): EngineUpstreamError {
     return this.client(model);
   }
 
   /** No upstream of the model can take requests now. */
   static noUpstream(model: string): UpstreamFailure {
-    return new UpstreamFailure(`no upstream of '${model}' is routable`, "failed", false, (m) =>
-      new ApiError(
-        503,
-        "service_unavailable_error",
-        `No engine serving '${m}' is available right now; retry shortly.`,
-        "model",
-        "no_upstream_available",
-        { "retry-after": "5" },
-      ));
+    return new UpstreamFailure(
+      `no upstream of '${model}' is routable`,
+      "failed",
+      false,
+      (m) =>
+        new EngineUpstreamError(
+          `No engine serving '${m}' is available right now; retry shortly.`,
+          503,
+          "service_unavailable_error",
+          "model",
+          "no_upstream_available",
+          { "retry-after": "5" },
+        ),
+    );
   }
 
   /** A broken connection or stream, or a 5xx: 502, retryable. */
@@ -70,19 +75,19 @@ export class UpstreamFailure extends Error {
 }
 
 const badGateway = (model: string) =>
-  new ApiError(
+  new EngineUpstreamError(
+    `The engine serving '${model}' failed to answer; retry shortly.`,
     502,
     "server_error",
-    `The engine serving '${model}' failed to answer; retry shortly.`,
     null,
     "upstream_error",
   );
 
 const gatewayTimeout = (model: string) =>
-  new ApiError(
+  new EngineUpstreamError(
+    `The engine serving '${model}' did not answer in time; retry shortly.`,
     504,
     "timeout_error",
-    `The engine serving '${model}' did not answer in time; retry shortly.`,
     null,
     "upstream_timeout",
   );

@@ -3,8 +3,8 @@
  * server-sent events of its answer, and its error bodies (in the shapes OpenAI, vLLM, TEI,
  * llama-server and FastAPI write them) turned into our OpenAI errors.
  */
-import { ApiError } from "../http/errors.ts";
-import type { Routing } from "./config.ts";
+import { EngineUpstreamError } from "../types.ts";
+import type { Routing } from "../../model_spec.ts";
 import { UpstreamFailure } from "./failure.ts";
 import type { Upstream } from "./pool.ts";
 
@@ -34,7 +34,7 @@ export interface Exchange {
  * @example
  * ```ts
  * import type { Upstream } from "./pool.ts";
- * import type { Routing } from "./config.ts";
+ * import type { Routing } from "../../model_spec.ts";
  * async function embedThenChat(u: Upstream, routing: Routing, signal: AbortSignal, input: string[], chat: unknown) {
  *   const ex = await post(u, "/embeddings", { model: u.model, input }, { signal, routing, model: "m" });
  *   const json = await ex.res.json().catch((e) => {
@@ -239,10 +239,10 @@ export function statusFailure(
   if (status === 429) {
     const after = headers?.get("retry-after");
     return new UpstreamFailure(detail, "busy", true, (m) =>
-      new ApiError(
+      new EngineUpstreamError(
+        `The engines serving '${m}' are busy; retry shortly.`,
         429,
         "rate_limit_error",
-        `The engines serving '${m}' are busy; retry shortly.`,
         null,
         "upstream_busy",
         { "retry-after": after && /^\d{1,4}$/.test(after) ? after : "1" },
@@ -259,10 +259,10 @@ export function statusFailure(
       ? "context_length_exceeded"
       : "invalid_value");
   return new UpstreamFailure(detail, "rejected", false, () =>
-    new ApiError(
+    new EngineUpstreamError(
+      message,
       status === 413 ? 413 : 400,
       "invalid_request_error",
-      message,
       f.param ?? null,
       code,
     ), status);

@@ -1,8 +1,7 @@
 /** Opens the engine of a registry entry whose `backend` is `openai`. */
-import type { Logger } from "../log.ts";
-import type { ModelSpec } from "../registry.ts";
-import type { ChatEngine, EmbeddingEngine } from "../engines/types.ts";
-import { RoutingSchema } from "./config.ts";
+import type { Logger } from "../../log.ts";
+import { type ModelSpec, RoutingSchema } from "../../model_spec.ts";
+import type { ChatEngine, EmbeddingEngine } from "../types.ts";
 import { UpstreamPool } from "./pool.ts";
 import { UpstreamChatEngine } from "./chat.ts";
 import { UpstreamEmbeddingEngine } from "./embeddings.ts";
@@ -14,8 +13,8 @@ import { UpstreamEmbeddingEngine } from "./embeddings.ts";
  *
  * @example
  * ```ts
- * import type { ModelSpec } from "../registry.ts";
- * import type { Logger } from "../log.ts";
+ * import type { ModelSpec } from "../../model_spec.ts";
+ * import type { Logger } from "../../log.ts";
  * async function open(spec: ModelSpec, log: Logger) {
  *   const details: Record<string, unknown> = {};
  *   return await openUpstreamEngine(spec, log, (d) => Object.assign(details, d), Deno.env.toObject());

@@ -4,8 +4,7 @@
  * engine events, so the chat service applies its own rules to them (one id, our model id, role
  * first, reasoning under both names, usage, `[DONE]`, error events, schema checks).
  */
-import { ApiError, badRequest } from "../http/errors.ts";
-import type { Logger } from "../log.ts";
+import type { Logger } from "../../log.ts";
 import type {
   ChatEngine,
   ChatEvent,
@@ -14,7 +13,8 @@ import type {
   FinishReason,
   TokenLogprobInfo,
   UpstreamStatus,
-} from "../engines/types.ts";
+} from "../types.ts";
+import { EngineUpstreamError } from "../types.ts";
 import { affinityKey, type Upstream, type UpstreamPool } from "./pool.ts";
 import { type Outcome, UpstreamFailure } from "./failure.ts";
 import { post, statusFailure } from "./wire.ts";
@@ -25,8 +25,8 @@ import { post, statusFailure } from "./wire.ts";
  * @example
  * ```ts
  * import type { UpstreamPool } from "./pool.ts";
- * import type { ChatJob } from "../engines/types.ts";
- * import type { Logger } from "../log.ts";
+ * import type { ChatJob } from "../types.ts";
+ * import type { Logger } from "../../log.ts";
  * async function relay(pool: UpstreamPool, job: ChatJob, log: Logger, signal: AbortSignal) {
  *   const engine = new UpstreamChatEngine(pool, { log, contextSize: 32768 });
  *   for await (const ev of engine.generate(job, signal)) console.log(ev);
@@ -146,7 +146,7 @@ export class UpstreamChatEngine implements ChatEngine {
         url: stream.upstream.base,
         reason,
       });
-      throw f.toApiError(model);
+      throw f.toEngineError(model);
     } finally {
       await data.return(undefined).catch(() => {});
       lease.end(outcome, reason);
@@ -156,7 +156,7 @@ export class UpstreamChatEngine implements ChatEngine {
   /** The error for a request that never got an answer: the client's abort as is, else ours. */
   #clientError(e: unknown, signal: AbortSignal): unknown {
     if (signal.aborted) return e;
-    if (e instanceof UpstreamFailure) return e.toApiError(this.pool.model);
+    if (e instanceof UpstreamFailure) return e.toEngineError(this.pool.model);
     return e;
   }
 
@@ -183,9 +183,11 @@ export class UpstreamChatEngine implements ChatEngine {
 }
 
 /** 400 for what a model served by upstreams does not offer (its tokenizer is theirs). */
-export function unsupported(model: string, what: string): ApiError {
-  return badRequest(
+export function unsupported(model: string, what: string): EngineUpstreamError {
+  return new EngineUpstreamError(
     `The model '${model}' is served by remote engines: ${what} is not available for it.`,
+    400,
+    "invalid_request_error",
     "model",
     "unsupported_for_upstream_model",
   );

@@ -2,7 +2,7 @@
  * Per-upstream metrics of every model served by upstreams, labelled by model and upstream name
  * (names come from the registry, so the series are bounded by configuration).
  */
-import type { Family } from "../metrics.ts";
+import type { Family } from "../../metrics.ts";
 import type { PoolStats, UpstreamPool } from "./pool.ts";
 
 const STATE_VALUE = { unknown: 0, healthy: 1, unhealthy: -1, ejected: -2 } as const;
@@ -12,7 +12,7 @@ const STATE_VALUE = { unknown: 0, healthy: 1, unhealthy: -1, ejected: -2 } as co
  *
  * @example
  * ```ts
- * import { Metrics } from "../metrics.ts";
+ * import { Metrics } from "../../metrics.ts";
  * import type { UpstreamPool } from "./pool.ts";
  * const pools: UpstreamPool[] = [];
  * new Metrics([...upstreamMetricFamilies(() => pools)]).render();

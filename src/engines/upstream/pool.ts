@@ -5,10 +5,10 @@
  * upstream before the first byte). Knows HTTP only as far as health checks go; the wire format is
  * in `wire.ts`.
  */
-import type { Logger } from "../log.ts";
-import { Counter, Histogram } from "../metrics.ts";
-import type { UpstreamStatus } from "../engines/types.ts";
-import type { Routing, UpstreamSpec } from "./config.ts";
+import type { Logger } from "../../log.ts";
+import { Counter, Histogram } from "../../metrics.ts";
+import type { UpstreamStatus } from "../types.ts";
+import type { Routing, UpstreamSpec } from "../../model_spec.ts";
 import { type Outcome, UpstreamFailure } from "./failure.ts";
 
 /** One upstream server and what the pool knows about it. */
@@ -111,8 +111,8 @@ export interface PoolDeps {
  *
  * @example
  * ```ts
- * import { RoutingSchema } from "./config.ts";
- * import type { Logger } from "../log.ts";
+ * import { RoutingSchema } from "../../model_spec.ts";
+ * import type { Logger } from "../../log.ts";
  * async function once(log: Logger, signal: AbortSignal, send: (u: Upstream, signal: AbortSignal) => Promise<Response>) {
  *   const pool = new UpstreamPool("m", [{ url: "http://10.0.0.5:8000/v1" }], RoutingSchema.parse({}), { log });
  *   pool.start();

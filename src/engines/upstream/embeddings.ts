@@ -4,8 +4,8 @@
  * and the client's encoding are the service's job, so every upstream behaves the same, whether
  * it honours `dimensions` or not.
  */
-import type { EmbeddingEngine, UpstreamStatus } from "../engines/types.ts";
-import { base64ToFloat32 } from "../services/vectors.ts";
+import type { EmbeddingEngine, UpstreamStatus } from "../types.ts";
+import { base64ToFloat32 } from "../../vectors.ts";
 import { unsupported } from "./chat.ts";
 import type { UpstreamPool } from "./pool.ts";
 import { UpstreamFailure } from "./failure.ts";
@@ -86,7 +86,7 @@ export class UpstreamEmbeddingEngine implements EmbeddingEngine {
       return value;
     } catch (e) {
       if (signal.aborted) throw e;
-      if (e instanceof UpstreamFailure) throw e.toApiError(model);
+      if (e instanceof UpstreamFailure) throw e.toEngineError(model);
       throw e;
     }
   }

@@ -1,0 +1,81 @@
+/**
+ * Where a decode runs: on the JavaScript thread (a synchronous FFI call, which makes that thread
+ * ggml's thread 0, as llama-server's loop thread is) or on a thread of Deno's blocking pool (a
+ * non-blocking call, which leaves the event loop free meanwhile).
+ *
+ * A non-blocking call costs a hand-off each way: measured on the tiny stand-ins, ~30 µs of the
+ * JavaScript thread to submit the call, 50–150 µs of CPU on the pool thread (a different one nearly
+ * every call, its caches cold) and two thread wake-ups, which on a VM whose idle vCPUs halt cost tens
+ * of microseconds each. Against a 35 ms decode that is noise; against the 1–4 ms steps of a small
+ * model, or of a large one on a GPU, it is a tenth of every token. So a decode expected to take at
+ * most 6 ms (a step of one stream of a tiny stand-in takes 1-2 ms on two cores; one of bench-chat 35)
+ * runs on the JavaScript thread, holding the event loop, in bursts of at most 6 ms: the decode that
+ * would pass that runs non-blocking, and meanwhile the loop waits for its sockets (new requests,
+ * `/health`, disconnects) and sends what the streams wrote (a fast stream's tokens of the burst go out
+ * in one write). Longer decodes (prompt chunks, many sequences, a slow machine) stay non-blocking.
+ *
+ * Why so short: the runtime polls its sockets when the loop has nothing ready, else only every few
+ * dozen turns, so while other work keeps the loop busy (a grammar compiled in 10 ms slices, say) each
+ * turn's length multiplies the wait of a new request. With 12 ms bursts a `/health` probe beside two
+ * schema compilations and a long prompt waited 1 s; with 6 ms (no longer than those slices) it did not.
+ */
+
+/** Decode durations by kind (batch shape) and the current burst of synchronous decodes. */
+export class DecodePace {
+  readonly #expected = new Map<string, number>();
+  readonly #samples = new Map<string, number>();
+  #spent = 0;
+
+  /**
+   * `maxStepMs`: the longest expected decode run synchronously; `burstMs`: synchronous compute
+   * between two waits of the event loop.
+   */
+  constructor(readonly maxStepMs = 6, readonly burstMs = Math.max(6, maxStepMs)) {}
+
+  /** Whether a decode of `kind` may run on the JavaScript thread now. */
+  onThread(kind: string): boolean {
+    const expected = this.#expected.get(kind);
+    return expected !== undefined && expected <= this.maxStepMs && this.#spent + expected <= this.burstMs;
+  }
+
+  /** A decode of `kind` took `ms` (`onThread`: synchronously; else the event loop waited meanwhile). */
+  record(kind: string, ms: number, onThread: boolean): void {
+    const expected = this.#expected.get(kind);
+    const samples = this.samples(kind);
+    // The first decodes of a kind pay one-time costs (weights paged in, buffers sized): the least of
+    // the first three counts; then a moving average, which one slow step (the thread preempted) moves
+    // a quarter of the way.
+    this.#expected.set(
+      kind,
+      expected === undefined ? ms : samples < 3 ? Math.min(expected, ms) : expected + (ms - expected) / 4,
+    );
+    this.#samples.set(kind, samples + 1);
+    this.#spent = onThread ? this.#spent + ms : 0;
+  }
+
+  /** Ends the burst: the next decode lets the event loop wait (something written should go out now). */
+  endBurst(): void {
+    this.#spent = Infinity;
+  }
+
+  /** The event loop is free to wait (the engine ran out of work): the next burst starts afresh. */
+  rest(): void {
+    this.#spent = 0;
+  }
+
+  /** The expected duration of a decode of `kind`, if one was measured. */
+  expected(kind: string): number | undefined {
+    return this.#expected.get(kind);
+  }
+
+  /** Decodes of `kind` measured so far. */
+  samples(kind: string): number {
+    return this.#samples.get(kind) ?? 0;
+  }
+}
+
+/** The batch shape a duration is kept for: token count (exact up to 16, then by powers of two) and mode. */
+export function decodeKind(tokens: number, embeddings: boolean): string {
+  const bucket = tokens <= 16 ? tokens : 2 ** Math.ceil(Math.log2(tokens));
+  return `${embeddings ? "e" : "g"}${bucket}`;
+}

@@ -1,0 +1,228 @@
+/**
+ * The model's own Jinja chat template (from the GGUF), rendered with `@huggingface/jinja`, and the
+ * facts read from it: whether it has a thinking switch and its default. The rendering itself, on
+ * whichever thread calls it: the server's (`template.ts`) and the render worker's
+ * (`template_worker.ts`) alike.
+ *
+ * Client strings never become markup: they are rendered with their special-token strings hidden
+ * and come back as plain-text pieces ({@link Markup}).
+ */
+import { Template } from "@huggingface/jinja";
+import type { EngineMessage, EngineTool } from "../types.ts";
+import { EngineInputError } from "../types.ts";
+import { Markup, type MarkupToken, type PromptPieces, TooManyMarkupStrings } from "../markup.ts";
+
+/** What a template does with thinking. */
+export interface ThinkingFacts {
+  /** `enable_thinking` changes the prompt. */
+  switchable: boolean;
+  /** Thinking when the request does not say. */
+  defaultOn: boolean;
+}
+
+/** What a prompt is rendered from. */
+export interface TemplateInput {
+  messages: readonly EngineMessage[];
+  tools: readonly EngineTool[];
+  thinking: boolean | undefined;
+}
+
+/** How a template is built (also what its worker receives). */
+export interface TemplateSource {
+  source: string;
+  specials: { bos: string; eos: string };
+  markup: readonly MarkupToken[];
+}
+
+/** A parsed chat template. */
+export class TemplateRenderer {
+  readonly #template: Template;
+  readonly #specials: { bos_token: string; eos_token: string };
+  readonly #markup: Markup;
+  /** The template splits `<think>…</think>` out of assistant content (Qwen's templates do). */
+  readonly #splitsThink: boolean;
+  readonly source: string;
+
+  constructor(init: TemplateSource) {
+    this.source = init.source;
+    this.#template = new Template(init.source);
+    this.#specials = { bos_token: init.specials.bos, eos_token: init.specials.eos };
+    this.#markup = new Markup(init.markup);
+    this.#splitsThink = init.source.includes("</think>");
+  }
+
+  /** The vocabulary's markup strings. */
+  get markup(): Markup {
+    return this.#markup;
+  }
+
+  /**
+   * The prompt for `messages`, split at the template's markup ({@link Markup.split}); a template
+   * error (its `raise_exception`, or a history it cannot render) is an {@link EngineInputError}
+   * carrying the template's message.
+   *
+   * @example
+   * ```ts
+   * const template = new TemplateRenderer({
+   *   source: "{% for m in messages %}{{ m.role }}: {{ m.content }}<|im_end|>\n{% endfor %}",
+   *   specials: { bos: "", eos: "<|im_end|>" },
+   *   markup: [{ text: "<|im_end|>", id: 2, matchedInText: false }],
+   * });
+   * template.render({ messages: [{ role: "user", text: "Hi" }], tools: [], thinking: true });
+   * // { text: "user: Hi<|im_end|>\n", pieces: ["user: Hi", 2, "\n"] }
+   * ```
+   */
+  render(input: TemplateInput): PromptPieces {
+    const hider = this.#markup.hider();
+    let rendered: string;
+    try {
+      const context = {
+        messages: hider.hideDeep(toTemplateMessages(input.messages, this.#splitsThink)),
+        tools: input.tools.length > 0
+          ? hider.hideDeep(input.tools.map((t) => ({
+            type: "function",
+            function: { name: t.name, description: t.description ?? "", parameters: t.parameters ?? {} },
+          })))
+          : undefined,
+        add_generation_prompt: true,
+        ...(input.thinking === undefined ? {} : { enable_thinking: input.thinking }),
+        ...this.#specials,
+      };
+      rendered = this.#template.render(context);
+    } catch (e) {
+      if (e instanceof TooManyMarkupStrings) {
+        throw new EngineInputError(e.message, "messages", "invalid_value");
+      }
+      const reason = (e as Error).message?.replace(/^Error:\s*/, "") || String(e);
+      throw new EngineInputError(
+        `The model's chat template cannot render these messages: ${reason}`,
+        "messages",
+        "invalid_messages",
+      );
+    }
+    return this.#markup.split(rendered, hider);
+  }
+
+  /** Whether the template switches thinking, and its default (from three probe renders). */
+  thinkingFacts(): ThinkingFacts {
+    const probe = { messages: [{ role: "user" as const, text: "ping" }], tools: [] };
+    try {
+      const on = this.render({ ...probe, thinking: true }).text;
+      const off = this.render({ ...probe, thinking: false }).text;
+      const unset = this.render({ ...probe, thinking: undefined }).text;
+      return { switchable: on !== off, defaultOn: on !== off && unset === on };
+    } catch {
+      return { switchable: false, defaultOn: false };
+    }
+  }
+
+  /**
+   * A lower bound of the prompt tokens of `messages`, found without rendering them: per message,
+   * the markup tokens and plain-text runs one more message of its role adds (probed once: runs
+   * between markup tokens hold at least one token each), with more for the run of a text longer
+   * than one of the vocabulary's longest tokens. Lets a history far past the context be refused at
+   * once (`longestToken`: in characters; UTF-8 bytes are never fewer than UTF-16 units).
+   */
+  promptFloor(messages: readonly EngineMessage[], longestToken: number): number {
+    this.#costs ??= this.#messageCosts();
+    let floor = 0;
+    for (const m of messages) {
+      const cost = this.#costs[m.role];
+      // Its text lies in one of its runs, whose tokens hold at most `longestToken` characters each.
+      floor += cost.markup +
+        (cost.runs === 0 ? 0 : cost.runs - 1 + Math.max(1, Math.ceil(m.text.length / longestToken)));
+    }
+    return floor;
+  }
+
+  #costs?: Record<EngineMessage["role"], { markup: number; runs: number }>;
+
+  /**
+   * What one more message of each role adds to a prompt at least: markup tokens and plain-text
+   * runs, the fewest over the places a message can take (after a user query, after one of its own
+   * role, before a user query: templates render the last message, runs of a role and turns before
+   * the last query differently). Places the template refuses are skipped; a role it refuses
+   * everywhere adds 0.
+   */
+  #messageCosts(): Record<EngineMessage["role"], { markup: number; runs: number }> {
+    const count = (messages: EngineMessage[]) => {
+      const { pieces } = this.render({ messages, tools: [], thinking: undefined });
+      let markup = 0;
+      let runs = 0;
+      for (let i = 0; i < pieces.length; i++) {
+        if (typeof pieces[i] === "number") markup++;
+        else if (i === 0 || typeof pieces[i - 1] === "number") runs++;
+      }
+      return { markup, runs };
+    };
+    const q: EngineMessage = { role: "user", text: "" };
+    const samples: Record<EngineMessage["role"], EngineMessage> = {
+      user: { role: "user", text: "" },
+      system: { role: "system", text: "" },
+      assistant: { role: "assistant", text: "", toolCalls: [] },
+      tool: { role: "tool", text: "", toolCallId: "call_0" },
+    };
+    const costs = {} as Record<EngineMessage["role"], { markup: number; runs: number }>;
+    for (const [role, r] of Object.entries(samples) as [EngineMessage["role"], EngineMessage][]) {
+      let markup = Infinity;
+      let runs = Infinity;
+      for (const [without, withIt] of [[[q], [q, r]], [[q, r], [q, r, r]], [[q, q], [q, r, q]]]) {
+        try {
+          const a = count(without);
+          const b = count(withIt);
+          markup = Math.min(markup, b.markup - a.markup);
+          runs = Math.min(runs, b.runs - a.runs);
+        } catch {
+          // a place this template refuses
+        }
+      }
+      costs[role] = {
+        markup: Number.isFinite(markup) ? Math.max(0, markup) : 0,
+        runs: Number.isFinite(runs) ? Math.max(0, runs) : 0,
+      };
+    }
+    return costs;
+  }
+}
+
+/** The history in the shape chat templates expect (OpenAI-like; call arguments as objects). */
+function toTemplateMessages(messages: readonly EngineMessage[], splitsThink: boolean) {
+  return messages.map((m) => {
+    switch (m.role) {
+      case "assistant": {
+        // A reasoning block in the content, as some clients send the model's output back: the
+        // template would split it out at `</think>`; it is the message's reasoning (as text).
+        let text = m.text;
+        let reasoning = m.reasoning;
+        if (splitsThink && !reasoning && text.includes("</think>")) {
+          const [before] = text.split("</think>", 1);
+          reasoning = before.replace(/\n+$/, "").split("<think>").at(-1)!.replace(/^\n+/, "");
+          text = text.slice(text.lastIndexOf("</think>") + "</think>".length).replace(/^\n+/, "");
+        }
+        return {
+          role: "assistant",
+          content: text,
+          ...(reasoning ? { reasoning_content: reasoning } : {}),
+          ...(m.toolCalls.length > 0
+            ? {
+              tool_calls: m.toolCalls.map((c) => ({
+                id: c.id,
+                type: "function",
+                function: { name: c.name, arguments: c.arguments },
+              })),
+            }
+            : {}),
+        };
+      }
+      case "tool":
+        return {
+          role: "tool",
+          content: m.text,
+          tool_call_id: m.toolCallId,
+          ...(m.toolName ? { name: m.toolName } : {}),
+        };
+      default:
+        return { role: m.role, content: m.text };
+    }
+  });
+}

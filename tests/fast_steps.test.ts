@@ -1,0 +1,214 @@
+/**
+ * Fast steps (issue 28): short decodes on the JavaScript thread in bounded bursts, SSE chunk
+ * coalescing, and what keeps the event loop serving meanwhile. No wall-clock assertions: order and
+ * counters only.
+ */
+import assert from "node:assert/strict";
+import { ComputeShare } from "../src/engines/compute_share.ts";
+import { decodeKind, DecodePace } from "../src/engines/llama/pace.ts";
+import { resolveSource } from "../src/models/sources.ts";
+import { silentLogger } from "../src/log.ts";
+import { llamaRuntime } from "../src/engines/llama/runtime.ts";
+import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
+import { Batch, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
+import { Scheduler } from "../src/engines/llama/scheduler.ts";
+import { TokenSampler } from "../src/engines/llama/sampler.ts";
+
+const CACHE = new URL("../models/cache", import.meta.url).pathname;
+
+Deno.test("decode pace: a kind runs on the thread once measured short, in bursts that a wait ends", () => {
+  const pace = new DecodePace(4, 8);
+  assert.equal(pace.onThread("a"), false, "never measured: off the thread, to measure it");
+  pace.record("a", 2, false);
+  assert.equal(pace.onThread("a"), true);
+  pace.record("b", 30, false);
+  assert.equal(pace.onThread("b"), false, "a long decode stays off the thread");
+  // Synchronous compute adds up: 2 + 2 + 2 = 6 ms, and another 2 ms step would pass the 8 ms burst.
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  assert.equal(pace.onThread("a"), true);
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  assert.equal(pace.onThread("a"), false, "the burst is used up: the next decode lets the loop wait");
+  pace.record("a", 2, false);
+  assert.equal(pace.onThread("a"), true, "a decode off the thread starts a new burst");
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  pace.record("a", 2, true);
+  assert.equal(pace.onThread("a"), false);
+  pace.rest();
+  assert.equal(pace.onThread("a"), true, "the engine ran out of work: the loop waited");
+  pace.endBurst();
+  assert.equal(pace.onThread("a"), false, "a burst ended early (a first token to send)");
+  pace.record("a", 2, false);
+  assert.equal(pace.onThread("a"), true);
+  // A moving average: one slow step moves it a quarter of the way; slow steps send the kind off.
+  pace.record("a", 30, true);
+  assert.equal(pace.expected("a"), 2 + (30 - 2) / 4);
+  assert.equal(pace.onThread("a"), false);
+  assert.equal(new DecodePace(0).onThread("a"), false);
+  // The first decodes of a kind pay one-time costs: the least of the first three counts.
+  const first = new DecodePace(4, 8);
+  first.record("c", 40, false);
+  assert.equal(first.expected("c"), 40);
+  first.record("c", 2, false);
+  first.record("c", 3, false);
+  assert.equal(first.expected("c"), 2);
+  assert.equal(first.samples("c"), 3);
+  first.record("c", 6, false);
+  assert.equal(first.expected("c"), 3, "then a moving average");
+  const off = new DecodePace(0);
+  off.record("a", 0.5, false);
+  assert.equal(off.onThread("a"), false, "0: never on the thread");
+});
+
+Deno.test("decode pace: kinds by token count (exact to 16, then powers of two) and mode", () => {
+  assert.equal(decodeKind(1, false), "g1");
+  assert.equal(decodeKind(16, false), "g16");
+  assert.equal(decodeKind(17, false), "g32");
+  assert.equal(decodeKind(512, true), "e512");
+  assert.notEqual(decodeKind(3, true), decodeKind(3, false));
+});
+
+Deno.test({
+  name: "scheduler: short steps decode on the JavaScript thread, and the event loop still turns",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    await llamaRuntime("cpu", silentLogger);
+    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+    const lib = openLlamaLibrary();
+    const model = await NativeModel.load(lib, path, 0);
+    const ctx = await NativeContext.create(model, {
+      nCtx: 2 * 1024,
+      nBatch: 516,
+      nUbatch: 516,
+      nSeqMax: 2,
+      threads: 1,
+      embeddings: false,
+      kvUnified: false,
+      // Every measured step on the thread, however slow the machine, in bursts of 8 ms.
+      pace: new DecodePace(1000, 8),
+    });
+    const batch = new Batch(lib, 516);
+    const scheduler = new Scheduler(model, ctx, batch, {
+      chunk: 512,
+      maxCheckpoints: 4,
+      checkpointSpacing: 256,
+    });
+    // No end of text: every run decodes its whole length.
+    const eog = new Map<number, number>();
+    for (let t = 0; t < model.nVocab; t++) if (model.isEog(t)) eog.set(t, -Infinity);
+    const params = {
+      temperature: 0.8,
+      topK: 40,
+      topP: 0.95,
+      minP: 0.05,
+      seed: 1,
+      presencePenalty: 0,
+      frequencyPenalty: 0,
+      repeatPenalty: 1,
+      logitBias: eog,
+    };
+    try {
+      const tokens = 200;
+      let timerFiredAt = -1;
+      let generated = 0;
+      const before = { ...ctx.decodes };
+      await scheduler.run({
+        prompt: model.tokenize("the river carries light across stones", false),
+        choices: [{ sampler: new TokenSampler(params, model.nVocab), grammar: null }],
+        maxTokens: tokens,
+        signal: new AbortController().signal,
+        onPrompt: () => {},
+        onToken: () => {
+          // A timer set once the steps run on the thread fires while they go on: bursts end.
+          if (++generated === 10) setTimeout(() => (timerFiredAt = generated), 0);
+          return true;
+        },
+        onEnd: () => {},
+      });
+      assert.equal(generated, tokens);
+      const onThread = ctx.decodes.onThread - before.onThread;
+      const offThread = ctx.decodes.offThread - before.offThread;
+      assert.ok(onThread > 0, `no decode ran on the JavaScript thread (${offThread} off it)`);
+      // (Off the thread without a burst limit: the prompt's decode and the first step, to measure them.)
+      assert.ok(offThread > 2, "bursts end with a decode off the thread");
+      assert.ok(timerFiredAt > 0 && timerFiredAt < tokens, `the timer fired after token ${timerFiredAt}`);
+    } finally {
+      batch.free();
+      ctx.free();
+      model.free();
+    }
+  },
+});
+
+Deno.test("compute share: a synchronous step runs at once only when the turn is free, and is charged", async () => {
+  let t = 0;
+  const share = new ComputeShare({ now: () => t, setTimer: () => 0, clearTimer: () => {} });
+  const a = share.client("a");
+  const b = share.client("b");
+  assert.deepEqual(a.runNow(() => (t += 5, 7)), { result: 7 }, "nothing else: at once");
+  assert.equal(a.steps, 1);
+  assert.equal(a.seconds, 0.005, "charged like a step through run");
+  let finish!: () => void;
+  const running = b.run(() => new Promise<void>((resolve) => (finish = resolve)));
+  assert.equal(a.runNow(() => 1), undefined, "not while another model's step runs");
+  finish();
+  await running;
+  // b is owed compute and a takes longer steps than b's gaps: the turn is held for b.
+  assert.equal(a.runNow(() => 1), undefined, "not while the turn is held for another model");
+  b.idle();
+  assert.deepEqual(a.runNow(() => 2), { result: 2 }, "the hold ended: at once again");
+  assert.equal(a.steps, 2);
+});
+
+Deno.test({
+  name: "decode pace: the decode after a sequence copy runs off the thread and is not taken as its shape's",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    await llamaRuntime("cpu", silentLogger);
+    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+    const lib = openLlamaLibrary();
+    const model = await NativeModel.load(lib, path, 0);
+    const pace = new DecodePace(1000, 1000);
+    const ctx = await NativeContext.create(model, {
+      nCtx: 2 * 512,
+      nBatch: 64,
+      nUbatch: 64,
+      nSeqMax: 2,
+      threads: 1,
+      embeddings: false,
+      kvUnified: false,
+      pace,
+    });
+    const batch = new Batch(lib, 64);
+    const step = async (seq: number, pos: number) => {
+      batch.clear();
+      batch.add(model.bos >= 0 ? model.bos : 0, pos, seq, true);
+      await ctx.decode(batch);
+    };
+    try {
+      await step(0, 0); // measured off the thread
+      await step(0, 1);
+      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 1 });
+      // (This pace serves this context alone: its one kind is a one-token step, keyed by context.)
+      const kind = Array.from({ length: 100 }, (_, i) => `${i}:g1`).find((k) =>
+        pace.expected(k) !== undefined
+      );
+      const expected = pace.expected(kind!);
+      ctx.copySequence(0, 1);
+      await step(1, 2);
+      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 2 }, "the copy's decode went off the thread");
+      assert.equal(pace.expected(kind!), expected, "its time (the copy's too) is not the shape's");
+      await step(1, 3);
+      assert.deepEqual(ctx.decodes, { onThread: 2, offThread: 2 }, "then on the thread again");
+    } finally {
+      batch.free();
+      ctx.free();
+      model.free();
+    }
+  },
+});
