@@ -172,7 +172,8 @@ export class Registry {
 
   /**
    * Admits one request to `slot` or refuses it with 429 when its slots and queue are full; a request
-   * needing several sequences (`n` choices) weighs that many. Returns the release function (idempotent).
+   * needing several sequences (`n` choices) weighs that many, and one weighing more than the slots
+   * and queue together is a 400 naming `param`. Returns the release function (idempotent).
    */
   /**
    * Charges `tokens` of work to the slot's budget: a request that would take it over `budget` is
@@ -199,7 +200,18 @@ export class Registry {
     };
   }
 
-  admit(slot: ModelSlot, maxQueue: number, weight = 1): () => void {
+  admit(slot: ModelSlot, maxQueue: number, weight = 1, param: string | null = null): () => void {
+    if (weight > slot.parallel + maxQueue) {
+      // Never admitted, however idle the model: a 429 would have the client retry for ever.
+      throw new ApiError(
+        400,
+        "invalid_request_error",
+        `This request needs ${weight} sequences (prompts × n); the model '${slot.spec.id}' runs ${slot.parallel} ` +
+          `at once and queues ${maxQueue} more, so it could never start. Send fewer.`,
+        param,
+        "invalid_value",
+      );
+    }
     if (slot.inFlight + weight > slot.parallel + maxQueue) {
       throw new ApiError(
         429,

@@ -723,3 +723,31 @@ serverTest("n: 8 on the built-in chat models (8 sequences each) returns 8 choice
     assert.equal(res.usage.completion_tokens, 16);
   }
 });
+
+serverTest(
+  "/tokenize of messages with tools counts the prompt chat completions computes; tools alone are a 400",
+  async () => {
+    const messages = user("Weather in Paris?");
+    const chat = await postJson(url, {
+      model: SPEC_MODEL,
+      messages,
+      tools: TOOLS,
+      max_tokens: 1,
+      chat_template_kwargs: { enable_thinking: false },
+    }, KEY);
+    assert.equal(chat.status, 200, JSON.stringify(chat.body));
+    const tokenize = (body: Record<string, unknown>) =>
+      postJson(`${server.url}/tokenize`, {
+        model: SPEC_MODEL,
+        chat_template_kwargs: { enable_thinking: false },
+        ...body,
+      }, KEY);
+    const withTools = await tokenize({ messages, tools: TOOLS });
+    assert.equal(withTools.status, 200, JSON.stringify(withTools.body));
+    assert.equal(withTools.body.count, chat.body.usage.prompt_tokens);
+    assert.match(withTools.body.prompt, /get_weather/);
+    const without = await tokenize({ messages });
+    assert.ok(without.body.count < withTools.body.count, "the tools are in the prompt");
+    assertApiError(await tokenize({ content: "hi", tools: TOOLS }), 400, { param: "tools" });
+  },
+);

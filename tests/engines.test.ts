@@ -443,6 +443,43 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
 }
 
 Deno.test({
+  name: "scheduler: prompt log-probabilities give the event loop turns within a chunk",
+  fn: async () => {
+    // Each position's log-probabilities are passes over the whole vocabulary; an echoed legacy
+    // prompt asks for them at every position. They ran for a whole 64-token chunk without a turn of
+    // the event loop (200-300 ms on a 151k vocabulary), so a long echoed prompt held /health for its
+    // whole prefill. Here each position spins a little, and a timer set at the first must fire
+    // before the chunk's last position is reached (order, not time).
+    const { model, scheduler, greedy, free } = await schedulerSetup("tiny-chat");
+    try {
+      const prompt = wordPrompt(model, 5, 64);
+      const seen: number[] = [];
+      let firedAt = -1;
+      await scheduler.run({
+        prompt,
+        choices: [{ sampler: new TokenSampler(greedy, model.nVocab), grammar: null }],
+        maxTokens: 1,
+        reusePrefix: false,
+        signal: new AbortController().signal,
+        onPromptLogits: (position) => {
+          if (seen.length === 0) setTimeout(() => (firedAt = seen.length), 0);
+          seen.push(position);
+          const until = performance.now() + 2;
+          while (performance.now() < until) { /* the work of a large vocabulary */ }
+        },
+        onPrompt: () => {},
+        onToken: () => true,
+        onEnd: () => {},
+      });
+      assert.equal(seen.length, 63, "every position after the first");
+      assert.ok(firedAt > 0 && firedAt < 62, `the timer fired after position ${firedAt} of 63`);
+    } finally {
+      free();
+    }
+  },
+});
+
+Deno.test({
   name: "scheduler: one-token prompt chunks of long prompts run alone, and compute as alone",
   fn: async () => {
     const { model, scheduler, run, free } = await schedulerSetup("tiny-chat");

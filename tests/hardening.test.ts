@@ -2,7 +2,8 @@
  * Hardening, one test per finding of the adversarial drill: memory per embedding request,
  * event-loop freezes from huge or costly schemas, metrics cardinality, cancellation of
  * non-streaming work with large bodies, admission by work (embeddings and chat prefill), and
- * hostile transport (deep schemas, bad paths, aborted uploads, slowloris, huge echoed strings).
+ * hostile transport (deep schemas, bad paths, aborted uploads, slowloris, huge echoed strings); a
+ * request that could never be admitted is a 400.
  */
 import assert from "node:assert/strict";
 import { postJson, startServer } from "./helpers/server.ts";
@@ -411,6 +412,35 @@ serverTest("a request over the embedding work budget is refused with 429 while o
   const alone = await postJson(`${edge.url}/v1/embeddings`, { model: EMBED, input: "e ".repeat(3000) }, KEY);
   assert.equal(alone.status, 200, "a request over the budget runs when it is alone");
 });
+
+serverTest(
+  "a request needing more sequences than the model runs and queues is a 400, not a 429",
+  async () => {
+    // tiny-chat runs 8 sequences and queues 64: n=128, or 100 prompts, could never start, and the
+    // 429 "busy … retry shortly" they got on an idle server had clients retry for ever.
+    const chat = await postJson(url("/v1/chat/completions"), {
+      model: CHAT,
+      messages: [{ role: "user", content: "x" }],
+      max_tokens: 1,
+      n: 128,
+    }, KEY);
+    assertApiError(chat, 400, { param: "n" });
+    const prompts = await postJson(url("/v1/completions"), {
+      model: CHAT,
+      prompt: Array.from({ length: 100 }, () => "x"),
+      max_tokens: 1,
+    }, KEY);
+    assertApiError(prompts, 400, { param: "prompt" });
+    assert.match(prompts.body.error.message, /needs 100 sequences/);
+    // As many prompts as the model runs at once are served.
+    const eight = await postJson(url("/v1/completions"), {
+      model: CHAT,
+      prompt: Array.from({ length: 8 }, () => "x"),
+      max_tokens: 1,
+    }, KEY);
+    assert.equal(eight.status, 200);
+  },
+);
 
 serverTest("deep schemas, bad percent-encoding and huge model values are clear 4xx", async () => {
   let deep: unknown = { type: "string" };

@@ -340,19 +340,9 @@ serverTest(
     await Promise.all(clients);
     assert.equal(code, 0, "the server drained and exited by itself");
     assert.ok(statuses.every((s) => s === 400 || s === 503), `statuses: ${statuses}`);
-    // The order in the server's own log: requests were still being compiled and answered once it drained.
-    const lines = own.logs.map((l) => {
-      try {
-        return JSON.parse(l);
-      } catch {
-        return {};
-      }
-    });
-    const drainAt = lines.findIndex((l) => /shutting down/.test(l.msg ?? ""));
-    assert.ok(drainAt >= 0, "the server logged its drain");
-    assert.ok(
-      lines.slice(drainAt).some((l) => l.msg === "request" && l.status === 400),
-      `no schema request was answered during the drain (${answeredAfterSignal} after the signal)`,
-    );
+    // Requests in flight when the signal came were still compiled and answered (a 400, not a cut
+    // connection). Counted by the clients: the server's log may write its drain line after them.
+    assert.ok(answeredAfterSignal > 0, "no schema request was answered after the signal");
+    assert.ok(own.logs.some((l) => /shutting down/.test(l)), "the server logged its drain");
   },
 );

@@ -6,7 +6,8 @@ import { ManualClock } from "./helpers/clock.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/vectors.ts";
 import { Counter } from "../src/metrics.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
-import { formatPath, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
+import { ApiError, formatPath, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
+import { readJsonBody } from "../src/http/body.ts";
 import { constantTimeEqual, KeyRing, RateLimiter } from "../src/http/auth.ts";
 import { parseKeyFile, plainKey } from "../src/api_keys.ts";
 import { createHash } from "node:crypto";
@@ -368,4 +369,24 @@ Deno.test("slicedJsonResponse: an aborted signal ends the request at once and wr
   assert.equal(next, "nothing", "no more of the body after the abort");
   await reader.cancel();
   assert.deepEqual(ends, [true], "told once");
+});
+
+Deno.test("a gzip bomb is a 413, and the event loop gets turns while it inflates", async () => {
+  // 64 MB of zeros is 64 KB of gzip. It was inflated in one step, all in promise jobs: 170 ms of
+  // the event loop per 64 KB received (ten at once: 1.5 s, /health unanswered) and 64 MB of memory
+  // before the limit was checked. A timer set before the read must fire before the 413 (order).
+  const zeros = new Blob([new Uint8Array(64 << 20)]).stream().pipeThrough(new CompressionStream("gzip"));
+  const bomb = new Uint8Array(await new Response(zeros).arrayBuffer());
+  const req = new Request("http://localhost/v1/embeddings", {
+    method: "POST",
+    headers: { "content-type": "application/json", "content-encoding": "gzip" },
+    body: bomb,
+  });
+  let fired = false;
+  const timer = setTimeout(() => (fired = true), 0);
+  const error = await readJsonBody(req, 8 << 20).then(() => undefined, (e) => e);
+  const firedBeforeRefusal = fired;
+  clearTimeout(timer);
+  assert.ok(error instanceof ApiError && error.status === 413, String(error));
+  assert.ok(firedBeforeRefusal, "a timer set before the read fired before the 413");
 });

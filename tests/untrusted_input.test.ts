@@ -2,7 +2,8 @@
  * Inputs a hostile tenant sends, through a real server: a history of thousands of messages is
  * refused or counted without holding the event loop; compressed bodies are decoded (gzip, deflate)
  * or refused with a 415 naming the encoding; an overlong path is a 414 with the OpenAI error body;
- * the start leaves no llama.cpp warning about pooling.
+ * the start leaves no llama.cpp warning about pooling; a long embedding input is tokenized off the
+ * event loop.
  */
 import assert from "node:assert/strict";
 import { postJson, startServer } from "./helpers/server.ts";
@@ -144,6 +145,23 @@ async function postEncoded(body: BodyInit, encoding: string) {
   });
   return { status: res.status, body: await res.json() };
 }
+
+serverTest("one embedding input of megabytes is tokenized off the event loop", async () => {
+  // 3 MB of text (1.5M tokens) tokenized on the JavaScript thread held it for over a second (a
+  // 7.8 MB input: 3.5 s, /health unanswered meanwhile) before the answer, a 400.
+  const stallsBefore = await longEventLoopStalls(server.url);
+  const res = await postJson(
+    url("/v1/embeddings"),
+    JSON.stringify({ model: "Vendor/Vendor3-Embedding-8B", input: "a ".repeat(1_500_000) }),
+    KEY,
+  );
+  assertApiError(res, 400, { param: "input", code: "context_length_exceeded" });
+  assert.equal(
+    await longEventLoopStalls(server.url) - stallsBefore,
+    0,
+    "the event loop was held for a quarter of a second",
+  );
+});
 
 serverTest("gzip and deflate bodies are decoded; other encodings are a 415 naming them", async () => {
   const request = { model: CHAT, messages: [{ role: "user", content: "hi" }], max_tokens: 2 };

@@ -1,7 +1,7 @@
 /** `POST /v1/completions` (legacy text completions) and the token utilities, as the v1 family shapes them. */
 import { z } from "zod";
 import { CompletionUsageSchema, ModelIdSchema } from "./common.ts";
-import { ChatMessageSchema, MAX_MESSAGES } from "./chat.ts";
+import { ChatMessageSchema, MAX_MESSAGES, ToolSchema } from "./chat.ts";
 
 const TokenId = z.number().int().min(0);
 
@@ -83,6 +83,8 @@ export const TokenizeRequestSchema = z.object({
   prompt: z.string().nullish(),
   messages: z.array(ChatMessageSchema).min(1)
     .max(MAX_MESSAGES, `messages may hold at most ${MAX_MESSAGES} messages`).nullish(),
+  /** With `messages`: the tools the template renders into the prompt, as on chat completions. */
+  tools: z.array(ToolSchema).nullish(),
   /** Parse special-token text and add the model's BOS (default true, as vLLM). */
   add_special_tokens: z.boolean().nullish(),
   add_special: z.boolean().nullish(),

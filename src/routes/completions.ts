@@ -31,7 +31,7 @@ export function postCompletions(kit: RouteKit): Handler {
     const prompts = typeof body.prompt === "string" || typeof body.prompt[0] === "number"
       ? 1
       : body.prompt.length;
-    kit.admit(slot, ctx, prompts * (body.n ?? 1));
+    kit.admit(slot, ctx, prompts * (body.n ?? 1), (body.n ?? 1) > 1 ? "n" : "prompt");
     // The chat path's context: the same usage, fingerprint and queue wait (until every prompt started).
     const completionContext = kit.chatContext(slot, ctx);
     // A model served by upstreams relays the request: the prompt's tokens are the upstream's.

@@ -109,12 +109,15 @@ export function routeKit(deps: ServerDeps) {
     if (!r.success) throw fromZodError(r.error);
     return r.data;
   };
-  /** Admits the request to `slot` (429 when its slots and queue are full); released when the body ends. */
-  const admit = (slot: ModelSlot, ctx: RequestContext, weight = 1) => {
+  /**
+   * Admits the request to `slot` (429 when its slots and queue are full, 400 naming `param` when it
+   * weighs more than both); released when the body ends.
+   */
+  const admit = (slot: ModelSlot, ctx: RequestContext, weight = 1, param: string | null = null) => {
     try {
-      ctx.onDone.push(deps.registry.admit(slot, deps.maxQueue, weight));
+      ctx.onDone.push(deps.registry.admit(slot, deps.maxQueue, weight, param));
     } catch (e) {
-      deps.metrics.rejected.inc({ model: slot.spec.id });
+      if ((e as ApiError).status === 429) deps.metrics.rejected.inc({ model: slot.spec.id });
       throw e;
     }
   };
@@ -133,7 +136,7 @@ export function routeKit(deps: ServerDeps) {
     ctx.model = model;
     allowedSlot(model, ctx.key);
     const { slot, engine } = deps.registry.engine(model, "chat");
-    admit(slot, ctx, weight);
+    admit(slot, ctx, weight, "n");
     return { slot, engine };
   };
 

@@ -40,14 +40,22 @@ export async function tokenize(
   const special = req.add_special_tokens ?? req.add_special ?? true;
   let ids: number[];
   let prompt: string | undefined;
+  if (req.tools?.length && !req.messages) {
+    throw badRequest("tools are rendered with messages: send messages too.", "tools", "invalid_value");
+  }
   if (req.messages) {
     if (!isChat(engine)) {
       throw badRequest("messages need a chat model (its chat template).", "messages", "wrong_model_kind");
     }
+    const tools = (req.tools ?? []).map((t) => ({
+      name: t.function.name,
+      description: t.function.description ?? undefined,
+      parameters: t.function.parameters ?? undefined,
+    }));
     ({ text: prompt, tokens: ids } = await engine.prompt({
       messages: toEngineMessages(req.messages),
-      tools: [],
-      toolChoice: "none",
+      tools,
+      toolChoice: tools.length > 0 ? "auto" : "none",
       enableThinking: req.chat_template_kwargs?.enable_thinking ?? defaultThinking,
     }, signal));
   } else {

@@ -2,16 +2,12 @@
  * GGUF chat models: the prompt is the GGUF's own chat template; generation runs on our batched
  * loop ({@link Scheduler}) over llama.cpp; grammars enforce JSON output and forced tool calls in
  * the model's tool-call dialect; calls are parsed and returned, never executed.
+ *
+ * This module is the engine: loading (with the batching check), prompts and tokens, and the glue
+ * from a job to the scheduler. A job's grammar is `chat_grammar.ts`; a choice's events are
+ * `chat_output.ts`; what the chat template tells is `template_facts.ts`.
  */
-import type {
-  ChatEngine,
-  ChatEvent,
-  ChatJob,
-  EngineTool,
-  FinishReason,
-  SamplingOptions,
-  TokenLogprobInfo,
-} from "../types.ts";
+import type { ChatEngine, ChatEvent, ChatJob, SamplingOptions, TokenLogprobInfo } from "../types.ts";
 import { EngineInputError } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { LlamaLibrary } from "./ffi.ts";
@@ -19,21 +15,17 @@ import { Batch, type FlashAttention, type ModelPlacement, NativeContext, NativeM
 import { Scheduler, type SchedulerStats } from "./scheduler.ts";
 import { PromptCache } from "./prompt_cache.ts";
 import { DEFAULT_PROMPT_CACHE_MIB } from "../../plan/memory.ts";
-import { logprobsOf, type TokenLogprob, TokenSampler } from "./sampler.ts";
-import { GrammarConstraint, type GrammarTrigger } from "./grammar.ts";
+import { logprobsOf, TokenSampler } from "./sampler.ts";
+import { ChatTemplate } from "./template.ts";
 import {
-  AutomatonCache,
-  gbnfLiteral,
-  GbnfRules,
-  GrammarError,
-  JsonGrammar,
-  LruCache,
-  textWithout,
-} from "../../grammar/mod.ts";
-import { ChatTemplate, type ThinkingFacts } from "./template.ts";
-import { type CallTags, dialectOfTemplate, DIALECTS, type ToolDialect } from "./dialects/index.ts";
-import { OutputParser, type OutputPiece } from "./output_parser.ts";
-import { StopMatcher } from "./stop_strings.ts";
+  readTemplateFacts,
+  type TemplateFacts,
+  type ThinkingFacts,
+  type ThinkMarkers,
+} from "./template_facts.ts";
+import { DIALECTS, type ToolDialect } from "./dialects/index.ts";
+import { ChatGrammars } from "./chat_grammar.ts";
+import { ChoiceOutput } from "./chat_output.ts";
 import { EventQueue } from "./event_queue.ts";
 import { Slicer } from "../../event_loop.ts";
 import type { ComputeClient } from "../compute_share.ts";
@@ -63,18 +55,8 @@ export interface LlamaChatOptions {
   log: Logger;
 }
 
-/** Most tool calls one turn may hold (bounds the grammar's repetition). */
-const MAX_PARALLEL_CALLS = 8;
 /** Prompt tokens per decode step (llama.cpp's micro-batch). */
 const CHUNK = 512;
-/** Grammars kept by their inputs: at most this many, of at most this many characters in all. */
-const GRAMMAR_CACHE = { entries: 256, chars: 64 * 1024 * 1024 };
-
-/** What constrains a job's output: a grammar, nothing, or a refusal (a 400), as built from its inputs. */
-type GrammarPlan =
-  | { kind: "grammar"; text: string; trigger?: GrammarTrigger }
-  | { kind: "none" }
-  | { kind: "refused"; error: EngineInputError };
 
 /** A chat model on one llama.cpp context with `parallel` sequences. */
 export class LlamaChatEngine implements ChatEngine {
@@ -100,21 +82,21 @@ export class LlamaChatEngine implements ChatEngine {
   readonly #template: ChatTemplate;
   /** Bytes of the vocabulary's longest token (for a lower bound of a text's tokens). */
   readonly #longestToken: number;
-  readonly #log: Logger;
+  /** The markup token that opens a turn: where recurrent-state checkpoints go (none: no such token). */
+  readonly #turnStart: number | null;
+  /** The tags around a reasoning block. */
+  readonly #think: ThinkMarkers;
   /** Tokens of the text that opens a tool call (a single token makes the lazy grammar cheap). */
   readonly #openTokens: number[];
-  /** The call tags in grammars: the vocabulary's tokens where it has them (see CallTags). */
-  readonly #callTags: CallTags;
-  /** Grammars by their inputs: each schema is compiled once. */
-  readonly #plans = new LruCache<GrammarPlan>(GRAMMAR_CACHE.entries, GRAMMAR_CACHE.chars);
-  /** Automata of JSON-schema `pattern`s, shared by every grammar of this model. */
-  readonly #automata = new AutomatonCache({ slices: (signal) => new Slicer(3, signal) });
+  /** The job's grammars (see chat_grammar.ts). */
+  readonly #grammars: ChatGrammars;
 
   private constructor(
     model: NativeModel,
     ctx: NativeContext,
     batch: Batch,
     template: ChatTemplate,
+    facts: TemplateFacts,
     longestToken: number,
     opts: LlamaChatOptions,
     batching: string,
@@ -124,7 +106,6 @@ export class LlamaChatEngine implements ChatEngine {
     this.#batch = batch;
     this.#template = template;
     this.#longestToken = longestToken;
-    this.#log = opts.log;
     this.batching = batching;
     this.promptCacheMiB = opts.promptCacheMiB ?? DEFAULT_PROMPT_CACHE_MIB;
     this.#promptCache = new PromptCache(this.promptCacheMiB * 1024 * 1024, model.recurrent);
@@ -139,14 +120,12 @@ export class LlamaChatEngine implements ChatEngine {
     this.maxChoices = ctx.nSeqMax;
     this.vocabSize = model.nVocab;
     this.fim = model.fimTokens();
-    this.dialect = opts.toolFormat ? DIALECTS[opts.toolFormat] : dialectOfTemplate(template.source);
-    this.thinking = template.thinkingFacts();
+    this.dialect = opts.toolFormat ? DIALECTS[opts.toolFormat] : facts.dialect;
+    this.thinking = facts.thinking;
+    this.#turnStart = facts.turnStart?.id ?? null;
+    this.#think = facts.think;
     this.#openTokens = model.tokenize(this.dialect.open, true);
-    const closeTokens = model.tokenize(this.dialect.close, true);
-    this.#callTags = {
-      open: this.#openTokens.length === 1 ? `<[${this.#openTokens[0]}]>` : gbnfLiteral(this.dialect.open),
-      close: closeTokens.length === 1 ? `<[${closeTokens[0]}]>` : gbnfLiteral(this.dialect.close),
-    };
+    this.#grammars = new ChatGrammars(model, this.dialect, this.#openTokens, facts.think, opts.log);
   }
 
   /**
@@ -175,6 +154,7 @@ export class LlamaChatEngine implements ChatEngine {
         },
         markup: vocabulary.markup,
       });
+      const facts = readTemplateFacts(template);
       const parallel = Math.max(1, opts.parallel);
       const ctx = await NativeContext.create(model, {
         nCtx: opts.contextSize * parallel,
@@ -202,7 +182,7 @@ export class LlamaChatEngine implements ChatEngine {
           );
         }
       }
-      return new LlamaChatEngine(model, ctx, batch, template, vocabulary.longestToken, opts, batching);
+      return new LlamaChatEngine(model, ctx, batch, template, facts, vocabulary.longestToken, opts, batching);
     } catch (e) {
       model.free();
       throw e;
@@ -349,9 +329,9 @@ export class LlamaChatEngine implements ChatEngine {
       ({ text: prompt, tokens } = rendered);
     }
     if (tokens.length > room) throw tooLong(`${tokens.length} tokens`);
-    const inThink = /<think>\s*$/.test(prompt);
+    const inThink = prompt.trimEnd().endsWith(this.#think.open);
     const thinking = inThink || (this.thinking.switchable && (job.enableThinking ?? this.thinking.defaultOn));
-    const grammar = await this.#grammar(job, inThink, thinking, signal);
+    const grammar = await this.#grammars.grammar(job, inThink, thinking, signal);
     const grammars = Array.from({ length: job.n }, (_, i) => i === 0 ? grammar : grammar?.clone() ?? null);
     const seed = job.sampling.seed ?? Math.floor(Math.random() * 2 ** 32);
     const sampler = new TokenSampler(samplingParams(this.#samplingOf(job), seed), this.#model.nVocab);
@@ -372,7 +352,7 @@ export class LlamaChatEngine implements ChatEngine {
       choices,
       maxTokens: job.maxTokens ?? limit - tokens.length,
       logprobs: job.logprobs,
-      checkpoints: turnStarts(tokens, this.#model.tokenize("<|im_start|>", true)),
+      checkpoints: turnStarts(tokens, this.#turnStart),
       reusePrefix: job.promptLogprobs ? false : job.cachePrompt,
       onPromptLogits: job.promptLogprobs
         ? (position, logits) => {
@@ -422,149 +402,6 @@ export class LlamaChatEngine implements ChatEngine {
     return this.#model.piece(token);
   }
 
-  /**
-   * The grammar a job needs: forced tool calls, or constrained JSON output; under `auto` a lazy
-   * grammar for calls the model opens. With thinking, a reasoning block may precede. Built once per
-   * distinct input ({@link #plan}) and parsed by llama.cpp off the event loop.
-   */
-  async #grammar(job: ChatJob, inThink: boolean, thinking: boolean, signal: AbortSignal) {
-    const plan = await this.#plan(job, inThink, thinking, signal);
-    if (plan.kind === "none") return null;
-    if (plan.kind === "refused") throw plan.error;
-    const grammar = await GrammarConstraint.parse(this.#model, plan.text, plan.trigger);
-    if (!grammar) {
-      this.#log.error("llama.cpp rejected a generated grammar", { grammar: plan.text.slice(0, 2000) });
-      throw new Error("the output grammar could not be built");
-    }
-    return grammar;
-  }
-
-  /**
-   * What a job's grammar is, from the cache when the same inputs were seen before (the key is every
-   * input the grammar depends on, as JSON: property order is part of it, as it orders the output).
-   * Pattern automata are compiled between passes of the (synchronous) build, in slices that leave
-   * the event loop free ({@link AutomatonCache.build}).
-   */
-  async #plan(job: ChatJob, inThink: boolean, thinking: boolean, signal: AbortSignal): Promise<GrammarPlan> {
-    const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
-    const mayCall = job.toolChoice === "auto" && job.tools.length > 0;
-    // A forced call comes first, whatever the format; under auto a format allows a call or the format.
-    const mode = forced
-      ? "forced"
-      : job.output.type !== "text"
-      ? mayCall ? "call_or_output" : "output"
-      : mayCall
-      ? "auto"
-      : undefined;
-    if (!mode) return { kind: "none" };
-    const key = JSON.stringify([
-      mode,
-      inThink,
-      thinking,
-      ...(mode === "output" || mode === "call_or_output" ? [job.output] : []),
-      ...(mode === "output" ? [] : [
-        job.toolChoice,
-        job.parallelToolCalls,
-        job.tools.map((t) => [t.name, t.parameters ?? null, t.strict ?? false]),
-      ]),
-    ]);
-    const cached = this.#plans.get(key);
-    if (cached) return cached;
-    let plan: GrammarPlan;
-    try {
-      plan = await this.#automata.build(() => this.#buildPlan(job, mode, inThink, thinking), signal);
-    } catch (e) {
-      const error = e instanceof GrammarError ? toEngineError(e, null) : e;
-      if (!(error instanceof EngineInputError)) throw error;
-      plan = { kind: "refused", error };
-    }
-    this.#plans.set(key, plan, key.length + (plan.kind === "grammar" ? plan.text.length : 0));
-    return plan;
-  }
-
-  /** One synchronous pass of building a job's grammar (see {@link #plan}). */
-  #buildPlan(
-    job: ChatJob,
-    mode: "forced" | "output" | "call_or_output" | "auto",
-    inThink: boolean,
-    thinking: boolean,
-  ): GrammarPlan {
-    if (mode === "forced") {
-      const tools = typeof job.toolChoice === "object"
-        ? job.tools.filter((t) => t.name === (job.toolChoice as { name: string }).name)
-        : job.tools;
-      return { kind: "grammar", text: this.#callsGrammar(job, tools, inThink, thinking) };
-    }
-    if (mode === "output" || mode === "call_or_output") {
-      const g = new JsonGrammar(new GbnfRules("", this.#automata));
-      const param = job.output.type === "json_schema"
-        ? "response_format.json_schema.schema"
-        : "response_format";
-      const payload = withParam(
-        param,
-        () =>
-          job.output.type === "json_schema"
-            ? g.schema(job.output.schema, param, "out")
-            : g.schema({ type: "object" }, param, "out"),
-      );
-      const calls = mode === "call_or_output" ? this.#optionalCalls(g, job) : undefined;
-      return {
-        kind: "grammar",
-        text: g.rules.text(
-          `root ::= ${thinkPrefix(g, inThink, thinking)}${calls ? `( ${calls} | ${payload} )` : payload}`,
-        ),
-      };
-    }
-    let text: string;
-    try {
-      text = this.#callsGrammar(job, job.tools, false, false);
-    } catch (e) {
-      // `strict` promises the schema: a strict tool whose schema cannot be enforced is refused, as is
-      // a schema past the work budget, whatever the tool.
-      if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
-      if (e.code === "schema_too_large") throw e;
-      // Otherwise `auto` promises no grammar: such calls are parsed from free text instead of failing.
-      this.#log.debug("tool calls under auto are not grammar-constrained", { reason: e.message });
-      return { kind: "none" };
-    }
-    const trigger = this.#openTokens.length === 1
-      ? { tokens: this.#openTokens, patterns: [] }
-      : { tokens: [], patterns: [`[\\s\\S]*?(${escapeRegExp(this.dialect.open)}[\\s\\S]*)`] };
-    return { kind: "grammar", text, trigger };
-  }
-
-  /**
-   * The calls an `auto` job with a response format may make instead of the format, in `g`; undefined
-   * when their schemas cannot be enforced (then only the format is allowed; strict tools are refused).
-   */
-  #optionalCalls(g: JsonGrammar, job: ChatJob): string | undefined {
-    try {
-      return this.#callRules(g, job, job.tools);
-    } catch (e) {
-      if (!(e instanceof EngineInputError) || job.tools.some((t) => t.strict)) throw e;
-      this.#log.debug("tool calls are not offered next to the response format", { reason: e.message });
-      return undefined;
-    }
-  }
-
-  /** One call (or, with parallel calls, up to MAX_PARALLEL_CALLS) of the given tools. */
-  #callsGrammar(job: ChatJob, tools: EngineTool[], inThink: boolean, thinking: boolean): string {
-    const g = new JsonGrammar(new GbnfRules("", this.#automata));
-    return g.rules.text(`root ::= ${thinkPrefix(g, inThink, thinking)}${this.#callRules(g, job, tools)}`);
-  }
-
-  /** The call rules of `tools` in `g`: one call, or with parallel calls up to MAX_PARALLEL_CALLS. */
-  #callRules(g: JsonGrammar, job: ChatJob, tools: EngineTool[]): string {
-    const calls = tools.map((t) => {
-      const i = job.tools.indexOf(t);
-      const param = `tools[${i}].function.parameters`;
-      return withParam(param, () => this.dialect.callRule(g, t, param, `t${i}`, this.#callTags));
-    });
-    const call = g.rules.add("call", calls.join(" | "));
-    const more = job.parallelToolCalls ? ` ( "\\n" ${call} ){0,${MAX_PARALLEL_CALLS - 1}}` : "";
-    return `${call}${more}`;
-  }
-
   dispose(): Promise<void> {
     this.#template.dispose();
     this.#batch.free();
@@ -572,14 +409,6 @@ export class LlamaChatEngine implements ChatEngine {
     this.#model.free();
     return Promise.resolve();
   }
-}
-
-/** The reasoning a constrained answer may start with, as a grammar prefix. */
-function thinkPrefix(g: JsonGrammar, inThink: boolean, thinking: boolean): string {
-  if (!thinking && !inThink) return "";
-  const reasoning = textWithout(g.rules, "reasoning", ["</think>", "<think>"]);
-  const close = `${reasoning} "</think>" "\\n"{0,2} `;
-  return inThink ? close : `( "<think>" ${close})? `;
 }
 
 /**
@@ -634,34 +463,12 @@ export async function checkBatching(model: NativeModel, ctx: NativeContext, batc
   }
 }
 
-/** Positions where a turn starts (`<|im_start|>`): good places for recurrent-state checkpoints. */
-function turnStarts(tokens: readonly number[], marker: number[]): number[] {
-  if (marker.length !== 1) return [];
+/** Positions where a turn starts (its `marker` token): good places for recurrent-state checkpoints. */
+function turnStarts(tokens: readonly number[], marker: number | null): number[] {
+  if (marker === null) return [];
   const out: number[] = [];
-  tokens.forEach((t, i) => t === marker[0] && i > 0 && out.push(i));
+  tokens.forEach((t, i) => t === marker && i > 0 && out.push(i));
   return out;
-}
-
-/** Runs `build`; an input error that names no request field is given `param`. */
-function withParam<T>(param: string, build: () => T): T {
-  try {
-    return build();
-  } catch (e) {
-    if (e instanceof GrammarError) throw toEngineError(e, param);
-    if (e instanceof EngineInputError && e.param === null) {
-      throw new EngineInputError(e.message, param, e.code);
-    }
-    throw e;
-  }
-}
-
-/** A schema the grammar package refused, as the engine reports bad input (a 400 naming `param`). */
-function toEngineError(e: GrammarError, param: string | null): EngineInputError {
-  return new EngineInputError(e.message, e.param ?? param, e.code);
-}
-
-function escapeRegExp(text: string): string {
-  return text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 }
 
 /** OpenAI-style sampling options as the sampler's settings (OpenAI's defaults). */
@@ -679,120 +486,4 @@ function samplingParams(s: SamplingOptions, seed: number) {
       Object.entries(s.logitBias ?? {}).map(([t, v]) => [Number(t), v <= -100 ? -Infinity : v]),
     ),
   };
-}
-
-/** Turns one choice's tokens into events: text, stop sequences, reasoning, tool calls. */
-class ChoiceOutput {
-  readonly #decoder = new TextDecoder();
-  readonly #stops: StopMatcher;
-  readonly #parser: OutputParser;
-  readonly #ids: string[] = [];
-  #tokens = 0;
-  #reasoningTokens = 0;
-  #ended = false;
-  /** The stop sequence that ended the choice. */
-  #stopSequence?: string;
-  #pendingLogprobs: TokenLogprobInfo[] = [];
-
-  constructor(
-    readonly index: number,
-    readonly engine: LlamaChatEngine,
-    readonly job: ChatJob,
-    inThink: boolean,
-    readonly queue: EventQueue<ChatEvent>,
-    readonly raw = false,
-  ) {
-    this.#stops = new StopMatcher(job.stop);
-    this.#parser = new OutputParser(engine.dialect, job.toolChoice === "none" ? [] : job.tools, inThink);
-  }
-
-  /** A generated token; false when a stop sequence ended the choice. */
-  token(token: number, logprob?: TokenLogprob): boolean {
-    this.#tokens++;
-    const wasReasoning = this.#parserMode() === "reasoning";
-    if (wasReasoning) this.#reasoningTokens++;
-    if (logprob) this.#pendingLogprobs.push(this.#logprobInfo(logprob));
-    const text = this.#decoder.decode(this.engine.piece(token), { stream: true });
-    const { text: safe, stopped, matched } = this.#stops.push(text);
-    if (matched !== undefined) this.#stopSequence = matched;
-    this.#parse(safe);
-    return !stopped;
-  }
-
-  end(cause: "eog" | "length" | "stop") {
-    if (this.#ended) return;
-    this.#ended = true;
-    if (cause !== "stop") this.#parse(this.#decoder.decode() + this.#stops.flush());
-    if (!this.raw) this.#forward(this.#parser.end());
-    this.#flushLogprobs();
-    const finishReason: FinishReason = cause === "length"
-      ? "length"
-      : this.#parser.calls > 0
-      ? "tool_calls"
-      : "stop";
-    this.queue.push({
-      type: "end",
-      choice: this.index,
-      finishReason,
-      completionTokens: this.#tokens,
-      reasoningTokens: this.#reasoningTokens,
-      ...(cause === "stop" && this.#stopSequence !== undefined ? { stopSequence: this.#stopSequence } : {}),
-    });
-  }
-
-  #parserMode(): "content" | "reasoning" | "tool" {
-    const mode = this.#parser.mode;
-    return mode === "call" ? "tool" : mode;
-  }
-
-  #parse(text: string) {
-    if (!text) return;
-    // Raw completions are plain text: no reasoning or tool-call markup is interpreted.
-    if (this.raw) this.#forward([{ type: "content", text }]);
-    else this.#forward(this.#parser.push(text));
-  }
-
-  #forward(pieces: OutputPiece[]) {
-    for (const p of pieces) {
-      switch (p.type) {
-        case "content":
-          this.queue.push({ type: "content", choice: this.index, text: p.text });
-          break;
-        case "reasoning":
-          this.queue.push({ type: "reasoning", choice: this.index, text: p.text });
-          break;
-        case "call_start": {
-          const id = `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`;
-          this.#ids[p.index] = id;
-          this.queue.push({ type: "tool_call_start", choice: this.index, index: p.index, id, name: p.name });
-          break;
-        }
-        case "call_arguments":
-          this.queue.push({ type: "tool_call_arguments", choice: this.index, index: p.index, text: p.text });
-          break;
-        case "call_end":
-          break;
-      }
-    }
-    this.#flushLogprobs();
-  }
-
-  #flushLogprobs() {
-    if (this.#pendingLogprobs.length === 0) return;
-    this.queue.push({
-      type: "logprobs",
-      choice: this.index,
-      channel: this.#parserMode(),
-      entries: this.#pendingLogprobs,
-    });
-    this.#pendingLogprobs = [];
-  }
-
-  #logprobInfo(lp: TokenLogprob): TokenLogprobInfo {
-    return {
-      ...this.engine.tokenInfo(lp.token),
-      logprob: lp.logprob,
-      top: lp.top.map((t) => ({ ...this.engine.tokenInfo(t.token), logprob: t.logprob })),
-    };
-  }
 }

@@ -5,6 +5,7 @@
  */
 import type { EngineTool } from "../types.ts";
 import type { CallEvent, CallParser, ToolDialect } from "./dialects/index.ts";
+import { THINK_MARKERS } from "./template_facts.ts";
 
 /** One piece of parsed output. */
 export type OutputPiece =
@@ -15,8 +16,7 @@ export type OutputPiece =
   /** `complete`: the call's closing tag was written (false: the output ended inside it). */
   | { type: "call_end"; index: number; complete: boolean };
 
-const THINK_OPEN = "<think>";
-const THINK_CLOSE = "</think>";
+const { open: THINK_OPEN, close: THINK_CLOSE } = THINK_MARKERS;
 
 /**
  * A streaming parser: `push` chunks, then `end`.

@@ -12,6 +12,7 @@
  */
 import type { Batch, NativeContext, NativeModel } from "./native.ts";
 import { STATE_PARTIAL_ONLY } from "./ffi.ts";
+import { Slicer } from "../../event_loop.ts";
 import type { TokenLogprob, TokenSampler } from "./sampler.ts";
 import type { GrammarConstraint } from "./grammar.ts";
 import {
@@ -771,7 +772,13 @@ export class Scheduler {
       for (let i = from; i < to; i++) slot.tokens.push(r.job.prompt[i]);
       if (r.job.onPromptLogits) {
         try {
+          // A position's log-probabilities are passes over the whole vocabulary (3-5 ms at 151k
+          // entries): a 64-token chunk held the event loop for 200-300 ms, and a long echoed prompt
+          // for the whole of its prefill. The views stay valid across a pause: nothing decodes on
+          // this context until this returns.
+          const slices = new Slicer(10);
           for (let i = from; i < Math.min(to, r.job.prompt.length - 1); i++) {
+            if (slices.due) await slices.pause();
             r.job.onPromptLogits(i, this.#ctx.logits(first + i - from));
           }
         } catch (e) {

@@ -8,7 +8,7 @@ import { EngineInputError } from "../types.ts";
 import { type TemplateInput, TemplateRenderer, type TemplateSource } from "./template_render.ts";
 import type { RenderReply, RenderRequest } from "./template_worker.ts";
 
-export type { TemplateInput, TemplateSource, ThinkingFacts } from "./template_render.ts";
+export type { TemplateInput, TemplateSource } from "./template_render.ts";
 
 /**
  * Inputs up to this size render on the event loop (the 17k-token agent prompt of 15 tools renders

@@ -1,6 +1,6 @@
 /**
- * The model's own Jinja chat template (from the GGUF), rendered with `@huggingface/jinja`, and the
- * facts read from it: whether it has a thinking switch and its default. The rendering itself, on
+ * The model's own Jinja chat template (from the GGUF), rendered with `@huggingface/jinja` (the
+ * facts the engine reads from it are `template_facts.ts`). The rendering itself, on
  * whichever thread calls it: the server's (`template.ts`) and the render worker's
  * (`template_worker.ts`) alike.
  *
@@ -12,19 +12,13 @@ import type { EngineMessage, EngineTool } from "../types.ts";
 import { EngineInputError } from "../types.ts";
 import { Markup, type MarkupToken, type PromptPieces, TooManyMarkupStrings } from "../markup.ts";
 
-/** What a template does with thinking. */
-export interface ThinkingFacts {
-  /** `enable_thinking` changes the prompt. */
-  switchable: boolean;
-  /** Thinking when the request does not say. */
-  defaultOn: boolean;
-}
-
 /** What a prompt is rendered from. */
 export interface TemplateInput {
   messages: readonly EngineMessage[];
   tools: readonly EngineTool[];
   thinking: boolean | undefined;
+  /** False: without the generation prompt (`add_generation_prompt`; default true). */
+  generationPrompt?: boolean;
 }
 
 /** How a template is built (also what its worker receives). */
@@ -84,7 +78,7 @@ export class TemplateRenderer {
             function: { name: t.name, description: t.description ?? "", parameters: t.parameters ?? {} },
           })))
           : undefined,
-        add_generation_prompt: true,
+        add_generation_prompt: input.generationPrompt ?? true,
         ...(input.thinking === undefined ? {} : { enable_thinking: input.thinking }),
         ...this.#specials,
       };
@@ -101,19 +95,6 @@ export class TemplateRenderer {
       );
     }
     return this.#markup.split(rendered, hider);
-  }
-
-  /** Whether the template switches thinking, and its default (from three probe renders). */
-  thinkingFacts(): ThinkingFacts {
-    const probe = { messages: [{ role: "user" as const, text: "ping" }], tools: [] };
-    try {
-      const on = this.render({ ...probe, thinking: true }).text;
-      const off = this.render({ ...probe, thinking: false }).text;
-      const unset = this.render({ ...probe, thinking: undefined }).text;
-      return { switchable: on !== off, defaultOn: on !== off && unset === on };
-    } catch {
-      return { switchable: false, defaultOn: false };
-    }
   }
 
   /**

@@ -3,14 +3,8 @@
  */
 import type { EngineTool } from "../../types.ts";
 import { gbnfLiteral, type JsonGrammar } from "../../../grammar/mod.ts";
-import {
-  type CallEvent,
-  type CallParser,
-  type CallResult,
-  type CallTags,
-  JsonCompactor,
-  type ToolDialect,
-} from "./types.ts";
+import type { CallEvent, CallParser, CallResult, CallTags, ToolDialect } from "./types.ts";
+import { JsonCompactor } from "./json_compactor.ts";
 
 const HEAD = /^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*/;
 

@@ -7,16 +7,8 @@
 import type { EngineTool } from "../../types.ts";
 import { gbnfLiteral, type JsonGrammar, textWithout } from "../../../grammar/mod.ts";
 import { objectSchema } from "./json.ts";
-import {
-  type CallEvent,
-  type CallParser,
-  type CallResult,
-  type CallTags,
-  isStringSchema,
-  parameterSchema,
-  resolveRef,
-  type ToolDialect,
-} from "./types.ts";
+import type { CallEvent, CallParser, CallResult, CallTags, ToolDialect } from "./types.ts";
+import { isStringSchema, parameterSchema, resolveRef } from "./parameter_schema.ts";
 
 const VALUE_END = "\n</parameter>";
 
