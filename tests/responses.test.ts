@@ -1133,7 +1133,7 @@ serverTest(
         thinking: { type: "enabled", budget_tokens: 1024, display: "omitted" },
         messages: [{ role: "user", content: "Think" }],
       }, KEY);
-      // (No bias toward </think>: as a first token it leaves no thinking, so no block to sign.)
+      // (No bias toward </think>, here or below: as a first token it leaves no thinking, so nothing to seal.)
       assert.equal(thought.body.content[0]?.type, "thinking", JSON.stringify(thought.body));
       signature = thought.body.content[0].signature;
       assert.match(signature, /^vsr1_/);
@@ -1142,9 +1142,10 @@ serverTest(
         input: "Think",
         include: ["reasoning.encrypted_content"],
         max_output_tokens: 30,
-        logit_bias: { "151668": 10 },
       }, KEY);
-      blob = res.body.output.find((o: Json) => o.type === "reasoning").encrypted_content;
+      const reasoning = res.body.output.find((o: Json) => o.type === "reasoning");
+      assert.ok(reasoning, JSON.stringify(res.body.output));
+      blob = reasoning.encrypted_content;
       // The main server's key is another (made at its start): the blob does not open there.
       const foreign = await postJson(url, {
         model: MODEL,
