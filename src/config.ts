@@ -204,14 +204,15 @@ export const SETTINGS: readonly Setting[] = [
     key: "hostedTools",
     flag: "hosted-tools",
     kind: "string",
-    help: "Responses tools the server cannot run (web_search, file_search, mcp, …): ignore (left out, " +
-      "named in x-vserve-ignored-tools) | refuse (400)",
+    help: "hosted tools (Responses: web_search, file_search, mcp, …; Anthropic: web_search_…, bash_…): " +
+      "ignore (left out, named in x-vserve-ignored-tools) | refuse (400)",
   },
   {
     key: "reasoningKey",
     flag: "reasoning-key",
     kind: "string",
-    help: "secret (32+ characters) sealing Responses reasoning.encrypted_content; unset: a random key, " +
+    help: "secret (32+ characters) sealing Responses reasoning.encrypted_content and Anthropic thinking " +
+      "signatures; unset: a random key, " +
       "so blobs do not survive a restart or reach another replica",
   },
   { key: "logFormat", flag: "log-format", kind: "string", help: "json | pretty" },

@@ -111,7 +111,7 @@ export class Metrics {
   );
   readonly queueWait = new Histogram(
     "vserve_queue_wait_seconds",
-    "Time a request waited for a free slot.",
+    "Time a request waited for a free sequence (a model served by upstreams: until it was sent upstream).",
     SECONDS,
   );
   readonly promptTokens = new Counter("vserve_prompt_tokens_total", "Prompt tokens processed, by model.");

@@ -245,6 +245,15 @@ serverTest(
     const hidden = omitted.content[0] as Json;
     assert.equal(hidden.type, "thinking");
     assert.equal(hidden.thinking, "");
+    // Other displays show the text (Claude Code 2.1.332 sends "updates"; it was a 400).
+    const updates = await post({
+      model: MODEL,
+      max_tokens: 12,
+      thinking: { type: "adaptive", display: "updates" },
+      messages: [{ role: "user", content: "Think" }],
+    });
+    assert.equal(updates.status, 200, JSON.stringify(updates.body));
+    assert.ok(updates.body.content[0].thinking.length > 0);
     const history = (thinking: Json[]) => ({
       model: MODEL,
       tools: [WEATHER],
@@ -265,25 +274,98 @@ serverTest(
     const count = async (thinking: Json[]) =>
       (await post(history(thinking), {}, "/v1/messages/count_tokens")).body.input_tokens;
     const withSignature = await count([hidden]);
-    const inClear = await count([{ type: "thinking", thinking: "I will look it up.", signature: "x" }]);
     const none = await count([]);
     assert.ok(withSignature > none, "the omitted thinking is in the prompt again");
-    assert.notEqual(inClear, withSignature);
-    const visible = await count([{ ...hidden, thinking: "", signature: block.signature }]);
-    assert.equal(visible, none, "a digest signature restores nothing (the text was shown)");
+    // A shown block's signature seals its text too: sent back with or without the text, the same prompt.
+    assert.equal(await count([{ ...block, thinking: "" }]), await count([block]));
+    assert.ok((await count([block])) > none);
+    // A block without a signature gives its own text.
+    assert.notEqual(await count([{ type: "thinking", thinking: "I will look it up." }]), withSignature);
+    // The Responses API's sealed reasoning is the same seal.
+    const sealed = await (await fetch(`${server.url}/v1/responses`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({
+        model: MODEL,
+        input: "Think",
+        max_output_tokens: 12,
+        include: ["reasoning.encrypted_content"],
+      }),
+    })).json();
+    const item = sealed.output.find((o: Json) => o.type === "reasoning");
+    assert.equal(
+      await count([{ type: "thinking", thinking: "", signature: item.encrypted_content }]),
+      await count([{ type: "thinking", thinking: item.summary[0].text }]),
+    );
+  },
+);
+
+serverTest(
+  "a thinking block whose signature was altered, or whose text was, is Anthropic's 400 (also streamed)",
+  async () => {
+    const first = await client.messages.create({
+      model: MODEL,
+      max_tokens: 12,
+      thinking: { type: "enabled", budget_tokens: 1024 },
+      messages: [{ role: "user", content: "Think" }],
+    });
+    const block = first.content[0] as Json;
+    assert.equal(block.type, "thinking");
+    const sig: string = block.signature;
+    const flipped = sig.slice(0, 20) + (sig[20] === "A" ? "B" : "A") + sig.slice(21);
+    const history = (thinking: Json) => ({
+      model: MODEL,
+      max_tokens: 2,
+      thinking: OFF,
+      messages: [
+        { role: "user", content: "Think" },
+        { role: "assistant", content: [thinking, { type: "text", text: "Done." }] },
+        { role: "user", content: "Again" },
+      ],
+    });
+    for (
+      const bad of [
+        { ...block, signature: flipped },
+        { ...block, thinking: "", signature: flipped },
+        { ...block, thinking: block.thinking + " (edited)" },
+        { ...block, signature: "EqQBCkgIARABGAIiQL" }, // another provider's
+      ]
+    ) {
+      for (const path of ["/v1/messages", "/v1/messages/count_tokens"]) {
+        const res = await post(history(bad), {}, path);
+        await assertAnthropicError(
+          res,
+          400,
+          "invalid_request_error",
+          "Invalid `signature` in `thinking` block",
+        );
+        assert.ok(res.body.error.message.startsWith("messages[1].content[0]"), res.body.error.message);
+      }
+      const streamed = await post({ ...history(bad), stream: true });
+      await assertAnthropicError(streamed, 400, "invalid_request_error", "Invalid `signature`");
+    }
+    const ok = await post(history(block));
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
   },
 );
 
 serverTest("tools: a call forced by tool_choice tool / any, then a tool_result turn", async () => {
+  // Parallel calls disabled wherever the stop reason is asserted: with them allowed, the random-weight
+  // model writes up to 8 calls of ~60 tokens, and 3 or more run into max_tokens (4 in 120 requests).
   const forced = await client.messages.create({
     model: MODEL,
     max_tokens: 200,
     thinking: OFF,
     tools: [WEATHER, TIME],
-    tool_choice: { type: "tool", name: "get_weather" },
+    tool_choice: { type: "tool", name: "get_weather", disable_parallel_tool_use: true },
     messages: [{ role: "user", content: "Weather in Paris for two days?" }],
   });
   assert.equal(forced.stop_reason, "tool_use");
+  assert.equal(
+    forced.content.filter((b) => b.type === "tool_use").length,
+    1,
+    "one call: parallel use disabled",
+  );
   const call = forced.content.find((b) => b.type === "tool_use") as Json;
   assert.ok(call, JSON.stringify(forced.content));
   assert.match(call.id, /^toolu_/);
@@ -331,13 +413,16 @@ serverTest("tools: a call forced by tool_choice tool / any, then a tool_result t
   const tokens = async (isError: boolean) =>
     (await client.messages.countTokens(turn(isError) as never)).input_tokens;
   assert.ok((await tokens(true)) > (await tokens(false)), "is_error marks the result as an error");
+  // Under none the tools stay in the prompt (the same prompt as under auto: a cached prefix survives).
+  const auto = await client.messages.countTokens({ ...turn(false), tool_choice: { type: "auto" } } as never);
+  assert.equal(await tokens(false), auto.input_tokens);
 
   // Streamed: the call arrives as input_json_delta fragments; the SDK assembles the input object.
   const raw = await stream({
     ...turn(false),
     messages: turn(false).messages.slice(0, 1),
     max_tokens: 200,
-    tool_choice: { type: "tool", name: "get_time" },
+    tool_choice: { type: "tool", name: "get_time", disable_parallel_tool_use: true },
   });
   assertEventOrder(raw.events);
   assert.ok(raw.events.some((e) => e.data.delta?.type === "input_json_delta"));
@@ -350,6 +435,7 @@ serverTest("tools: a call forced by tool_choice tool / any, then a tool_result t
     tool_choice: { type: "tool", name: "get_time" },
     messages: [{ role: "user", content: "Time?" }],
   });
+  // Parallel calls allowed: the first one always fits in max_tokens (a later one may be cut short).
   const final = await s.finalMessage();
   const streamedCall = final.content.find((b) => b.type === "tool_use") as Json;
   assert.ok(["Paris", "Rome"].includes(streamedCall.input.city), JSON.stringify(final.content));
@@ -375,6 +461,45 @@ serverTest("stop_sequences: generation stops at the first one, named in stop_seq
   assert.deepEqual(raw.events.at(-2)!.data.delta, { stop_reason: "stop_sequence", stop_sequence: stop });
 });
 
+serverTest(
+  "Anthropic-defined tools (web_search_…, bash_…) are left out of the prompt and named, as hosted tools of Responses",
+  async () => {
+    const body = {
+      model: MODEL,
+      thinking: OFF,
+      tools: [{ type: "web_search_20250305", name: "web_search" }, WEATHER, {
+        type: "bash_20250124",
+        name: "bash",
+      }],
+      messages: [{ role: "user", content: "Weather?" }],
+    };
+    const res = await post({ ...body, max_tokens: 1 });
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    assert.equal(res.headers.get("x-vserve-ignored-tools"), "web_search_20250305, bash_20250124");
+    const id = res.headers.get("request-id")!;
+    assert.ok(server.logs.some((l) => l.includes("left out of the prompt") && l.includes(id)), "a warning");
+    const counted = await post(body, {}, "/v1/messages/count_tokens");
+    const alone = await post({ ...body, tools: [WEATHER] }, {}, "/v1/messages/count_tokens");
+    assert.equal(counted.body.input_tokens, alone.body.input_tokens);
+  },
+);
+
+serverTest("logit_bias (extension, as on chat completions) reaches the sampler", async () => {
+  const token = (await postJson(`${server.url}/tokenize`, { model: MODEL, content: " zebra" }, KEY)).body
+    .tokens[0];
+  const piece = (await postJson(`${server.url}/detokenize`, { model: MODEL, tokens: [token] }, KEY)).body
+    .content;
+  const res = await post({
+    model: MODEL,
+    max_tokens: 3,
+    thinking: OFF,
+    logit_bias: { [token]: 100 },
+    messages: [{ role: "user", content: "Hi" }],
+  });
+  assert.equal(res.status, 200, JSON.stringify(res.body));
+  assert.equal(res.body.content[0].text, piece.repeat(3));
+});
+
 serverTest("count_tokens equals the prompt tokens of the same request", async () => {
   const body = {
     model: MODEL,
@@ -391,6 +516,42 @@ serverTest("count_tokens equals the prompt tokens of the same request", async ()
   assert.equal(counted.input_tokens, res.usage.input_tokens + (res.usage.cache_read_input_tokens ?? 0));
   assert.equal(res.usage.cache_creation_input_tokens, 0);
 });
+
+serverTest(
+  "a system message inside the conversation is a <system-reminder> user turn of its own, as on every API",
+  async () => {
+    const body = {
+      model: MODEL,
+      thinking: OFF,
+      system: "Base.",
+      messages: [
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "ok" },
+        { role: "system", content: [{ type: "text", text: "Late." }] },
+        { role: "user", content: "go" },
+        { role: "system", content: "Later." },
+      ],
+    };
+    const counted = await post(body, {}, "/v1/messages/count_tokens");
+    assert.equal(counted.status, 200, JSON.stringify(counted.body));
+    const rendered = await postJson(`${server.url}/tokenize`, {
+      model: MODEL,
+      messages: [
+        { role: "system", content: "Base." },
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "ok" },
+        { role: "user", content: "<system-reminder>\nLate.\n</system-reminder>" },
+        { role: "user", content: "go" },
+        { role: "user", content: "<system-reminder>\nLater.\n</system-reminder>" },
+      ],
+      chat_template_kwargs: { enable_thinking: false },
+    }, KEY);
+    assert.equal(counted.body.input_tokens, rendered.body.count);
+    const res = await post({ ...body, max_tokens: 1 });
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    assert.equal(res.body.usage.input_tokens + res.body.usage.cache_read_input_tokens, rendered.body.count);
+  },
+);
 
 serverTest("errors: Anthropic's shape and status, naming the field", async () => {
   const base = { model: MODEL, max_tokens: 4, messages: [{ role: "user", content: "Hi" }] };
@@ -431,12 +592,6 @@ serverTest("errors: Anthropic's shape and status, naming the field", async () =>
     400,
     "invalid_request_error",
     "tools[0].input_schema.type",
-  );
-  await assertAnthropicError(
-    await post({ ...base, tools: [{ type: "web_search_20250305", name: "web_search" }] }),
-    400,
-    "invalid_request_error",
-    "tools[0]",
   );
   await assertAnthropicError(
     await post({

@@ -94,6 +94,21 @@ async function streamEvents(body: Record<string, unknown>): Promise<string[]> {
   return res.events.map((e) => e.data);
 }
 
+/** A streamed single choice put together: its content, tool calls (if any) and finish reason. */
+async function streamedChoice(body: Record<string, unknown>): Promise<Body> {
+  const message: Body = { content: "" };
+  let finish: string | null = null;
+  for (const data of await streamEvents(body)) {
+    if (data === "[DONE]") continue;
+    for (const c of JSON.parse(data).choices) {
+      message.content += c.delta.content ?? "";
+      for (const call of c.delta.tool_calls ?? []) (message.tool_calls ??= [])[call.index] = call;
+      finish = c.finish_reason ?? finish;
+    }
+  }
+  return { message, finish_reason: finish };
+}
+
 /** The SDK's create with vserve's extension fields. */
 function create(body: Record<string, unknown>): Promise<Body> {
   return client.chat.completions.create(body as never) as Promise<Body>;
@@ -319,15 +334,41 @@ for (const t of TARGETS) {
   );
 
   serverTest(
-    `${t.label}: tool_choice none gives no calls and leaves the tools out of the prompt`,
+    `${t.label}: tool_choice none keeps the tools in the prompt (auto's prefix) and never opens a call`,
     async () => {
-      const b = base("Hi", { max_tokens: 4, seed: 1 });
-      const none = await create({ ...b, tools: TOOLS, tool_choice: "none" });
-      const plain = await create(b);
-      assert.equal(none.choices[0].message.tool_calls, undefined);
-      assert.equal(none.usage?.prompt_tokens, plain.usage?.prompt_tokens);
-      const auto = await create({ ...b, tools: TOOLS });
-      assert.ok(auto.usage!.prompt_tokens > plain.usage!.prompt_tokens + 50, "auto renders the tools");
+      // A long system prompt, so that the hybrid model keeps a checkpoint to resume from (past 512 tokens).
+      const rules = Array.from({ length: 300 }, (_, i) => `rule${i}`).join(" ");
+      const messages = [{ role: "system", content: rules }, { role: "user", content: "Weather in Paris?" }];
+      const b = { model: t.model, messages, ...t.extra, tools: TOOLS, max_tokens: 1, seed: 1 };
+      const auto = await create({ ...b, tool_choice: "auto" });
+      const none = await create({ ...b, tool_choice: "none" });
+      const plain = await create({ model: t.model, messages, ...t.extra, max_tokens: 1 });
+      assert.ok(auto.usage.prompt_tokens > plain.usage.prompt_tokens + 50, "the tools are in the prompt");
+      assert.equal(none.usage.prompt_tokens, auto.usage.prompt_tokens);
+      // The none request resumed from the auto request's state: its prompt starts with auto's tokens.
+      // (A dense prompt resumes up to 64 tokens before the end of what is held, so that its last chunk
+      // is computed as the prompt alone computes it: exactResume.)
+      assert.ok(
+        none.usage.prompt_tokens_details.cached_tokens >= auto.usage.prompt_tokens - 64,
+        JSON.stringify(none.usage),
+      );
+      // Even a model pushed to open a call (a bias toward the opener) writes no call under none.
+      const opener = await postJson(
+        `${server.url}/tokenize`,
+        { model: t.model, content: "<tool_call>" },
+        KEY,
+      );
+      assert.equal(opener.body.tokens.length, 1);
+      const push = { logit_bias: { [opener.body.tokens[0]]: 100 } };
+      const called = await create({ ...b, ...push, tool_choice: "auto", max_tokens: 40 });
+      assert.ok(called.choices[0].message.tool_calls?.length >= 1, "the bias opens a call under auto");
+      for (const stream of [false, true]) {
+        const body = { ...b, ...push, tool_choice: "none", max_tokens: 12 };
+        const choice = stream ? await streamedChoice(body) : (await create(body)).choices[0];
+        assert.equal(choice.message.tool_calls, undefined, JSON.stringify(choice));
+        assert.equal(choice.finish_reason, "length");
+        assert.ok(!choice.message.content.includes("<tool_call>"), choice.message.content);
+      }
     },
   );
 
@@ -517,7 +558,7 @@ serverTest("a schema keyword the grammar cannot enforce is 400 naming it", async
 });
 
 serverTest(
-  "leading system and developer messages are joined into one; a later one is a user turn in its place",
+  "leading system and developer messages are joined into one; a later one is a <system-reminder> user turn in its place",
   async () => {
     // The spec model's template takes one system message, first (as Qwen3.6's does).
     const res = await create({
@@ -528,6 +569,7 @@ serverTest(
         { role: "system", content: "Permissions." },
         { role: "user", content: "hi" },
         { role: "developer", content: "Late instruction." },
+        { role: "system", content: " " },
       ],
       chat_template_kwargs: { enable_thinking: false },
     });
@@ -542,9 +584,20 @@ serverTest(
       ],
     }, KEY);
     assert.equal(rendered.status, 200, JSON.stringify(rendered.body));
+    // The request was that prompt (an empty late message adds nothing).
+    const explicit = await postJson(`${server.url}/tokenize`, {
+      model: SPEC_MODEL,
+      messages: [
+        { role: "system", content: "Base prompt.\n\nPermissions." },
+        { role: "user", content: "hi" },
+        { role: "user", content: "<system-reminder>\nLate instruction.\n</system-reminder>" },
+      ],
+      chat_template_kwargs: { enable_thinking: false },
+    }, KEY);
+    assert.equal(res.usage!.prompt_tokens, explicit.body.count);
     assert.match(
       rendered.body.prompt,
-      /^<\|im_start\|>system\nBase prompt\.\n\nPermissions\.<\|im_end\|>\n<\|im_start\|>user\nhi<\|im_end\|>\n<\|im_start\|>user\nLate instruction\.<\|im_end\|>\n/,
+      /^<\|im_start\|>system\nBase prompt\.\n\nPermissions\.<\|im_end\|>\n<\|im_start\|>user\nhi<\|im_end\|>\n<\|im_start\|>user\n<system-reminder>\nLate instruction\.\n<\/system-reminder><\|im_end\|>\n/,
     );
     // Only system text and no user query is still the template's 400, with its reason.
     const noUser = await postJson(

@@ -555,3 +555,122 @@ serverTest(
     });
   },
 );
+
+serverTest(
+  "queue_wait_ms is the wait for a sequence on every local route: the time behind a busy engine, not the prompt's processing",
+  async () => {
+    await withServer(["--parallel", "1", "--max-queue", "4"], async (server) => {
+      const engine = async () => {
+        const text = await (await fetch(`${server.url}/metrics`)).text();
+        const value = (name: string) =>
+          Number(text.split("\n").find((l) => l.startsWith(`${name}{model="${CHAT}"}`))?.split(" ").at(-1));
+        return {
+          decodeMs: value("vserve_engine_decode_seconds_total") * 1000,
+          decodes: value("vserve_engine_decodes_total"),
+          queued: value("vserve_queue_depth"),
+        };
+      };
+      const logLine = async (id: string): Promise<Json> => {
+        for (let i = 0; i < 200; i++) {
+          const line = server.logs.find((l) =>
+            l.includes('"msg":"request"') && l.includes(`"request_id":"${id}"`)
+          );
+          if (line) return JSON.parse(line);
+          await new Promise((r) => setTimeout(r, 25));
+        }
+        assert.fail(`no access log line for ${id}`);
+      };
+      const post = (path: string, id: string, body: unknown) =>
+        fetch(`${server.url}${path}`, {
+          method: "POST",
+          headers: { ...auth, "x-request-id": id },
+          body: JSON.stringify(body),
+        });
+      // Each route with a prompt of its own (nothing reused) of ~1,200 tokens, and one token to generate.
+      const words = (seed: number) =>
+        Array.from({ length: 400 }, (_, i) => `w${(i * 7919 + seed) % 997}`).join(" ");
+      const figures: string[] = [];
+      const routes: [string, (text: string) => unknown][] = [
+        [
+          "/v1/chat/completions",
+          (text) => ({ model: CHAT, messages: [{ role: "user", content: text }], max_tokens: 1 }),
+        ],
+        ["/v1/completions", (text) => ({ model: CHAT, prompt: text, max_tokens: 1 })],
+        ["/v1/responses", (text) => ({ model: CHAT, input: text, max_output_tokens: 1 })],
+        [
+          "/v1/messages",
+          (text) => ({ model: CHAT, messages: [{ role: "user", content: text }], max_tokens: 1 }),
+        ],
+      ];
+      // An idle engine: the wait ends before the prompt is processed (the decodes of this request alone).
+      for (const [i, [path, body]] of routes.entries()) {
+        const before = await engine();
+        const res = await post(path, `idle-${i}`, body(words(i)));
+        const text = await res.text();
+        assert.equal(res.status, 200, text);
+        const prompt = (await engine()).decodeMs - before.decodeMs;
+        const line = await logLine(`idle-${i}`);
+        assert.equal(typeof line.queue_wait_ms, "number", `${path}: ${JSON.stringify(line)}`);
+        assert.ok(
+          line.queue_wait_ms < prompt,
+          `${path}: queue wait ${line.queue_wait_ms} ms, prompt ${prompt} ms`,
+        );
+        figures.push(`${path} idle ${line.queue_wait_ms} ms (prompt ${prompt.toFixed(0)} ms)`);
+      }
+
+      // A busy engine: A holds the only sequence and cannot end by itself (end tokens banned, a long budget).
+      const ends = await postJson(`${server.url}/tokenize`, {
+        model: CHAT,
+        content: "<|im_end|><|endoftext|>",
+      }, KEY);
+      const leave = new AbortController();
+      const a = await fetch(`${server.url}/v1/chat/completions`, {
+        method: "POST",
+        headers: auth,
+        body: JSON.stringify({
+          model: CHAT,
+          messages: user,
+          max_tokens: 4000,
+          stream: true,
+          logit_bias: Object.fromEntries(ends.body.tokens.map((t: number) => [t, -100])),
+        }),
+        signal: leave.signal,
+      });
+      const reader = a.body!.getReader();
+      await reader.read();
+      // B (chat) and C (completions) wait behind it.
+      const waiting = routes.slice(0, 2).map(([path, body], i) =>
+        post(path, `queued-${i}`, body(words(10 + i)))
+      );
+      let m0 = await engine();
+      while (m0.queued < 2) m0 = await engine();
+      // Decodes run one after another. Those counted between m1 and m2 began after the last one counted
+      // in m1 ended, which was after m0 was read (both were waiting then), and ended before m2 was read,
+      // while A still held the sequence: both waited through all of them.
+      let m1 = await engine();
+      while (m1.decodes <= m0.decodes) m1 = await engine();
+      let m2 = await engine();
+      while (m2.decodes < m1.decodes + 5) m2 = await engine();
+      const { value } = await reader.read();
+      assert.ok(!new TextDecoder().decode(value).includes("[DONE]"), "A was still generating");
+      leave.abort();
+      for (const [i, res] of (await Promise.all(waiting)).entries()) {
+        const text = await res.text();
+        assert.equal(res.status, 200, text);
+        const line = await logLine(`queued-${i}`);
+        assert.ok(
+          line.queue_wait_ms >= m2.decodeMs - m1.decodeMs,
+          `${line.route}: queue wait ${line.queue_wait_ms} ms, A's decodes meanwhile ${
+            m2.decodeMs - m1.decodeMs
+          } ms`,
+        );
+        figures.push(
+          `${line.route} queued ${line.queue_wait_ms} ms (A's decodes ${
+            (m2.decodeMs - m1.decodeMs).toFixed(0)
+          } ms)`,
+        );
+      }
+      console.log(`queue_wait_ms: ${figures.join("; ")}`);
+    });
+  },
+);

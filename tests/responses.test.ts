@@ -212,8 +212,15 @@ serverTest("a function-call round trip: call → function_call_output → answer
     JSON.stringify([second.usage, alone.usage]),
   );
   const calls = first.output.filter((o: Json) => o.type === "function_call");
-  const rendered = await postJson(`${server.url}/tokenize`, {
+  // The same chat messages through chat completions (the tools are in the prompt under none too).
+  const rendered = await postJson(`${server.url}/v1/chat/completions`, {
     model: MODEL,
+    tools: [{
+      type: "function",
+      function: { name: WEATHER.name, description: WEATHER.description, parameters: WEATHER.parameters },
+    }],
+    tool_choice: "none",
+    max_tokens: 1,
     messages: [
       { role: "user", content: "Weather in Paris?" },
       {
@@ -228,11 +235,14 @@ serverTest("a function-call round trip: call → function_call_output → answer
       },
       { role: "tool", tool_call_id: call.call_id, content: "Sunny, 24 C" },
     ],
-    add_generation_prompt: true,
     chat_template_kwargs: { enable_thinking: false },
   }, KEY);
   assert.equal(rendered.status, 200, JSON.stringify(rendered.body));
-  assert.equal(second.usage.input_tokens, rendered.body.count, "the items render as the same chat messages");
+  assert.equal(
+    second.usage.input_tokens,
+    rendered.body.usage.prompt_tokens,
+    "the items render as the same chat messages",
+  );
 
   // The same call streamed: argument deltas add up to .done and to the final item.
   const stream = await client.responses.create({
@@ -917,6 +927,36 @@ serverTest(
 );
 
 serverTest(
+  "a developer or system message after the first turn is a <system-reminder> user turn, as on chat completions",
+  async () => {
+    const res = await create({
+      model: MODEL,
+      instructions: "Base.",
+      input: [
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "ok" },
+        { type: "message", role: "developer", content: [{ type: "input_text", text: "Late." }] },
+        { role: "system", content: "Later." },
+      ],
+      max_output_tokens: 1,
+      ...NO_THINKING,
+    });
+    const rendered = await postJson(`${server.url}/tokenize`, {
+      model: MODEL,
+      messages: [
+        { role: "system", content: "Base." },
+        { role: "user", content: "hi" },
+        { role: "assistant", content: "ok" },
+        { role: "user", content: "<system-reminder>\nLate.\n</system-reminder>" },
+        { role: "user", content: "<system-reminder>\nLater.\n</system-reminder>" },
+      ],
+      chat_template_kwargs: { enable_thinking: false },
+    }, KEY);
+    assert.equal(res.usage.input_tokens, rendered.body.count);
+  },
+);
+
+serverTest(
   "reasoning round trip: encrypted_content restores the thinking; an altered one is a 400 naming the item",
   async () => {
     // Thinking on; `</think>` (151668) favoured so that it ends within a few tokens.
@@ -1020,7 +1060,8 @@ serverTest(
       call,
       { type: "function_call_output", call_id: call.call_id, output: "Sunny" },
     ];
-    // Under auto the grammar allows a call or the format; `<tool_call>` (151657) disfavoured: text.
+    // Under auto the grammar allows a call or the format; `<tool_call>` (151657) disfavoured: text (the
+    // grammar's call opens with that token only, never with the tag spelled in pieces).
     const second = await create({
       model: MODEL,
       input: history,
@@ -1031,6 +1072,7 @@ serverTest(
       ...NO_THINKING,
     });
     assert.equal(second.status, "completed");
+    assert.ok(second.output_text, JSON.stringify(second.output));
     assert.ok((await checkSchema(schema, JSON.parse(second.output_text))).ok, second.output_text);
     // …and favoured, a call: the format no longer shuts tools out.
     const again = await create({
@@ -1050,7 +1092,7 @@ serverTest(
 );
 
 serverTest(
-  "--hosted-tools refuse: a hosted tool is a 400; --reasoning-key: blobs survive a restart",
+  "--hosted-tools refuse: a hosted tool is a 400 (Responses and Anthropic); --reasoning-key: blobs and signatures survive a restart",
   async () => {
     const dir = await Deno.makeTempDir();
     const models = `${dir}/models.json`;
@@ -1065,6 +1107,7 @@ serverTest(
     const start = () => startServer(args, { waitReady: true, env: { VSERVE_REASONING_KEY: secret } });
     let one = await start();
     let blob: string;
+    let signature: string;
     try {
       const at = `${one.url}/v1/responses`;
       const refused = await postJson(at, {
@@ -1075,14 +1118,34 @@ serverTest(
       }, KEY);
       assertApiError(refused, 400, { param: "tools[1].type", code: "unsupported_value" });
       assert.match(refused.body.error.message, /--hosted-tools refuse/);
+      const anthropic = await postJson(`${one.url}/v1/messages`, {
+        model: MODEL,
+        max_tokens: 1,
+        tools: [{ type: "web_search_20250305", name: "web_search" }],
+        messages: [{ role: "user", content: "x" }],
+      }, KEY);
+      assert.equal(anthropic.status, 400);
+      assert.equal(anthropic.body.error.type, "invalid_request_error");
+      assert.match(anthropic.body.error.message, /^tools\[0\]\.type: .*--hosted-tools refuse/);
+      const thought = await postJson(`${one.url}/v1/messages`, {
+        model: MODEL,
+        max_tokens: 30,
+        thinking: { type: "enabled", budget_tokens: 1024, display: "omitted" },
+        messages: [{ role: "user", content: "Think" }],
+      }, KEY);
+      // (No bias toward </think>, here or below: as a first token it leaves no thinking, so nothing to seal.)
+      assert.equal(thought.body.content[0]?.type, "thinking", JSON.stringify(thought.body));
+      signature = thought.body.content[0].signature;
+      assert.match(signature, /^vsr1_/);
       const res = await postJson(at, {
         model: MODEL,
         input: "Think",
         include: ["reasoning.encrypted_content"],
         max_output_tokens: 30,
-        logit_bias: { "151668": 10 },
       }, KEY);
-      blob = res.body.output.find((o: Json) => o.type === "reasoning").encrypted_content;
+      const reasoning = res.body.output.find((o: Json) => o.type === "reasoning");
+      assert.ok(reasoning, JSON.stringify(res.body.output));
+      blob = reasoning.encrypted_content;
       // The main server's key is another (made at its start): the blob does not open there.
       const foreign = await postJson(url, {
         model: MODEL,
@@ -1107,6 +1170,19 @@ serverTest(
         max_output_tokens: 1,
       }, KEY);
       assert.equal(back.status, 200, JSON.stringify(back.body));
+      const signed = await postJson(`${one.url}/v1/messages`, {
+        model: MODEL,
+        max_tokens: 1,
+        messages: [
+          { role: "user", content: "Think" },
+          {
+            role: "assistant",
+            content: [{ type: "thinking", thinking: "", signature }, { type: "text", text: "y" }],
+          },
+          { role: "user", content: "z" },
+        ],
+      }, KEY);
+      assert.equal(signed.status, 200, JSON.stringify(signed.body));
     } finally {
       await one.stop();
     }

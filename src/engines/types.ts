@@ -136,8 +136,9 @@ export type ChatEvent =
     /** The serving engine's own `system_fingerprint` (a remote server's), when it gave one. */
     systemFingerprint?: string;
     /**
-     * `performance.now()` when the engine began the job, when that was well before this event (a
-     * remote engine sends its request long before the answer's first chunk): the end of queue wait.
+     * `performance.now()` when the engine began the job, before the prompt was processed: a local
+     * engine when the job got its sequences, a remote one when it sent the request. The end of the
+     * request's queue wait.
      */
     startedAt?: number;
   }

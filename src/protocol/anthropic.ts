@@ -139,7 +139,11 @@ export const ToolChoiceSchema = z.discriminatedUnion("type", [
 ], { error: "tool_choice must be {type:'auto'}, {type:'any'}, {type:'tool', name} or {type:'none'}" });
 export type ToolChoiceParam = z.infer<typeof ToolChoiceSchema>;
 
-const ThinkingDisplay = z.enum(["summarized", "omitted"]).nullish();
+/**
+ * `omitted` leaves the thinking text out (its signature still restores it); any other value shows it.
+ * The set grows (`summarized`, `display`, and `updates`, which Claude Code 2.1.332 sends), so it is open.
+ */
+const ThinkingDisplay = z.string().nullish();
 /** The thinking switch: `enabled` on, `disabled` off, `adaptive` the model's default. */
 export const ThinkingConfigSchema = z.discriminatedUnion("type", [
   z.object({
@@ -195,6 +199,11 @@ export const MessagesRequestSchema = z.object({
   metadata: z.looseObject({ user_id: z.string().nullish() }).nullish(),
   /** Extension (llama-server): a fixed seed. */
   seed: z.number().int().nullish(),
+  /** Extension, as on chat completions: token id → bias from -100 (never) to 100. */
+  logit_bias: z.record(
+    z.string().regex(/^\d+$/, "logit_bias keys are token ids"),
+    z.number().min(-100).max(100),
+  ).nullish(),
 });
 export type MessagesRequest = z.infer<typeof MessagesRequestSchema>;
 

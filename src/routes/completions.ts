@@ -6,7 +6,6 @@ import { jsonResponse } from "../http/errors.ts";
 import { SSE_HEADERS, sseStream } from "../http/sse.ts";
 import { poolOf } from "../engines/upstream/load.ts";
 import type { Logger } from "../log.ts";
-import type { CompletionUsage } from "../protocol/common.ts";
 import { CompletionRequestSchema } from "../protocol/completions.ts";
 import { type CompletionRun, createCompletion, createRelayedCompletion } from "../services/completions.ts";
 import type { Handler, RouteKit } from "./context.ts";
@@ -33,17 +32,8 @@ export function postCompletions(kit: RouteKit): Handler {
       ? 1
       : body.prompt.length;
     kit.admit(slot, ctx, prompts * (body.n ?? 1), (body.n ?? 1) > 1 ? "n" : "prompt");
-    const completionContext = {
-      created: kit.now(),
-      signal: ctx.signal,
-      log: deps.log,
-      requestId: ctx.id,
-      systemFingerprint: slot.details.system_fingerprint as string | undefined,
-      onUsage: (u: CompletionUsage) => {
-        ctx.promptTokens = u.prompt_tokens;
-        ctx.completionTokens = u.completion_tokens;
-      },
-    };
+    // The chat path's context: the same usage, fingerprint and queue wait (until every prompt started).
+    const completionContext = kit.chatContext(slot, ctx);
     // A model served by upstreams relays the request: the prompt's tokens are the upstream's.
     const pool = poolOf(engine);
     const run = pool

@@ -15,6 +15,7 @@ import type { Metrics } from "../metrics.ts";
 import type { ModelSlot, Registry } from "../registry.ts";
 import type { ChatContext } from "../services/chat.ts";
 import type { ResponsesOptions } from "../services/responses.ts";
+import { ReasoningSealer } from "../services/reasoning_seal.ts";
 
 /** Shutdown state shared with `main.ts`. */
 export interface Lifecycle {
@@ -49,7 +50,10 @@ export interface ServerDeps {
   onRequest?: () => void;
   /** Seconds since the epoch; injectable for tests. */
   now?: () => number;
-  /** Hosted-tool policy and reasoning sealing of `/v1/responses` (default: ignore, a key made here). */
+  /**
+   * Hosted-tool policy of `/v1/responses` and `/v1/messages`, and the sealing of reasoning and
+   * thinking signatures (default: ignore, a key made here).
+   */
   responses?: ResponsesOptions;
   /** Each local model's weight, share and compute seconds in the compute arbiter, for /health. */
   computeUsage?: () => readonly { model: string; weight: number; share: number; seconds: number }[];
@@ -146,6 +150,7 @@ export function routeKit(deps: ServerDeps) {
       signal: ctx.signal,
       log: deps.log,
       requestId: ctx.id,
+      // The wait ends when the engine starts the job: it got its sequences (or was sent upstream).
       onStarted: (at = performance.now()) => (ctx.queueWaitMs = Math.max(0, at - started)),
       onFirstToken: () =>
         deps.metrics.ttft.observe({ model: slot.spec.id }, (performance.now() - started) / 1000),
@@ -156,5 +161,10 @@ export function routeKit(deps: ServerDeps) {
     };
   };
 
-  return { deps, now, parse, admit, allowedSlot, chatEngine, chatContext };
+  /** The hosted-tool policy and the seal, one for the Responses and Anthropic routes. */
+  const responsesOptions: Promise<ResponsesOptions> = deps.responses
+    ? Promise.resolve(deps.responses)
+    : ReasoningSealer.create().then((sealer) => ({ hostedTools: "ignore", sealer }));
+
+  return { deps, now, parse, admit, allowedSlot, chatEngine, chatContext, responsesOptions };
 }

@@ -14,8 +14,9 @@ import {
 } from "../protocol/anthropic.ts";
 import type { ChatEngine } from "../engines/types.ts";
 import type { ChatContext } from "../services/chat.ts";
-import { anthropicError, countTokens, createMessage } from "../services/messages.ts";
+import { anthropicError, countTokens, createMessage, type MessagesOptions } from "../services/messages.ts";
 import type { Handler, RouteKit } from "./context.ts";
+import { IGNORED_TOOLS_HEADER } from "./responses.ts";
 
 /** Keep-alive while the model is silent, as Anthropic sends it. */
 const PING = sseData({ type: "ping" }, "ping");
@@ -35,7 +36,7 @@ export function messagesRoute(kit: RouteKit): Handler {
   return async (req, ctx) => {
     const body = await kit.parse(req, MessagesRequestSchema);
     const { slot, engine } = kit.chatEngine(body.model, ctx);
-    return await postMessages(body, engine, kit.chatContext(slot, ctx));
+    return await postMessages(body, engine, kit.chatContext(slot, ctx), await kit.responsesOptions);
   };
 }
 
@@ -47,7 +48,8 @@ export function countTokensRoute(kit: RouteKit): Handler {
     ctx.model = body.model;
     kit.allowedSlot(body.model, ctx.key);
     const { slot, engine } = deps.registry.engine(body.model, "chat");
-    return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, ctx.signal);
+    const options = await kit.responsesOptions;
+    return await postCountTokens(body, engine, slot.spec.thinking, ctx.id, options, ctx.signal);
   };
 }
 
@@ -59,8 +61,9 @@ export function countTokensRoute(kit: RouteKit): Handler {
  * import type { MessagesRequest } from "../protocol/anthropic.ts";
  * import type { ChatEngine } from "../engines/types.ts";
  * import type { ChatContext } from "../services/chat.ts";
- * async function answer(body: MessagesRequest, engine: ChatEngine, ctx: ChatContext) {
- *   return await postMessages(body, engine, ctx);
+ * import type { ReasoningSealer } from "../services/reasoning_seal.ts";
+ * async function answer(body: MessagesRequest, engine: ChatEngine, ctx: ChatContext, sealer: ReasoningSealer) {
+ *   return await postMessages(body, engine, ctx, { hostedTools: "ignore", sealer });
  * }
  * ```
  */
@@ -68,9 +71,17 @@ export async function postMessages(
   req: MessagesRequest,
   engine: ChatEngine,
   ctx: ChatContext,
+  opts: MessagesOptions,
 ): Promise<Response> {
-  const run = await createMessage(req, engine, ctx);
-  const headers = { "request-id": ctx.requestId };
+  const run = await createMessage(req, engine, ctx, opts);
+  const headers: Record<string, string> = { "request-id": ctx.requestId };
+  if (run.ignored.length > 0) {
+    headers[IGNORED_TOOLS_HEADER] = run.ignored.join(", ");
+    ctx.log.warn("tools this server cannot run were left out of the prompt", {
+      request_id: ctx.requestId,
+      tools: run.ignored,
+    });
+  }
   if (run.kind === "message") return jsonResponse(run.message, 200, headers);
   const body = sseStream(run.events, { pingMs: 15_000, ping: PING, done: false, event: (e) => e.type });
   return new Response(body, { headers: { ...SSE_HEADERS, ...headers } });
@@ -83,8 +94,9 @@ export async function postMessages(
  * ```ts
  * import type { CountTokensRequest } from "../protocol/anthropic.ts";
  * import type { ChatEngine } from "../engines/types.ts";
- * async function count(body: CountTokensRequest, engine: ChatEngine, signal: AbortSignal) {
- *   return await postCountTokens(body, engine, undefined, "req-1", signal);
+ * import type { ReasoningSealer } from "../services/reasoning_seal.ts";
+ * async function count(body: CountTokensRequest, engine: ChatEngine, sealer: ReasoningSealer, signal: AbortSignal) {
+ *   return await postCountTokens(body, engine, undefined, "req-1", { hostedTools: "ignore", sealer }, signal);
  * }
  * ```
  */
@@ -93,9 +105,10 @@ export async function postCountTokens(
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
   requestId: string,
+  opts: MessagesOptions,
   signal?: AbortSignal,
 ): Promise<Response> {
-  const count = await countTokens(req, engine, defaultThinking, signal);
+  const count = await countTokens(req, engine, defaultThinking, opts, signal);
   return jsonResponse(count, 200, { "request-id": requestId });
 }
 

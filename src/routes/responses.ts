@@ -6,8 +6,7 @@
 import { ApiError, jsonResponse } from "../http/errors.ts";
 import { SSE_HEADERS, sseStream } from "../http/sse.ts";
 import { ResponsesRequestSchema } from "../protocol/responses.ts";
-import { ReasoningSealer } from "../services/reasoning_seal.ts";
-import { createResponse, type ResponsesOptions, type ResponsesRun } from "../services/responses.ts";
+import { createResponse, type ResponsesRun } from "../services/responses.ts";
 import type { Handler, RouteKit } from "./context.ts";
 
 /** The response header naming the tool types left out of the prompt. */
@@ -25,15 +24,11 @@ export const IGNORED_TOOLS_HEADER = "x-vserve-ignored-tools";
  * ```
  */
 export function postResponses(kit: RouteKit): Handler {
-  const { deps } = kit;
-  const responsesOptions: Promise<ResponsesOptions> = deps.responses
-    ? Promise.resolve(deps.responses)
-    : ReasoningSealer.create().then((sealer) => ({ hostedTools: "ignore", sealer }));
   return async (req, ctx) => {
     const body = await kit.parse(req, ResponsesRequestSchema);
     const { slot, engine } = kit.chatEngine(body.model, ctx);
     return responsesResponse(
-      await createResponse(body, engine, kit.chatContext(slot, ctx), await responsesOptions),
+      await createResponse(body, engine, kit.chatContext(slot, ctx), await kit.responsesOptions),
     );
   };
 }

@@ -37,7 +37,7 @@ export interface ChatContext {
   requestId: string;
   /** `system_fingerprint`: the engine build and the model file's digest. */
   systemFingerprint?: string;
-  /** The engine started the job (sequences were free; a remote engine: at `startedAt`, when it sent it). */
+  /** The engine started the job at `startedAt`: it got its sequences (a remote engine: it sent the request). */
   onStarted?: (startedAt?: number) => void;
   /** The first token arrived. */
   onFirstToken?: () => void;
@@ -308,9 +308,28 @@ function textOf(content: ChatMessage["content"]): string {
 }
 
 /**
+ * A system or developer message inside the conversation, as the user-side turn chat templates allow
+ * there: its text in `<system-reminder>` tags (the convention of Claude Code and Qwen Code for an
+ * application's mid-session instructions), unless it already is one. Every API uses this one rule.
+ *
+ * @example
+ * ```ts
+ * systemReminder("Be brief."); // "<system-reminder>\nBe brief.\n</system-reminder>"
+ * ```
+ */
+export function systemReminder(text: string): string {
+  const t = text.trim();
+  return /^<system-reminder>[\s\S]*<\/system-reminder>$/.test(t)
+    ? t
+    : `<system-reminder>\n${t}\n</system-reminder>`;
+}
+
+/**
  * The conversation as engine messages. Chat templates take one system message, first: the leading
  * run of system / developer messages is joined into it (blank line between), and a later one (an
- * agent's mid-conversation instructions) becomes a user turn in its place, text unchanged.
+ * application's mid-conversation instruction) becomes a user turn of its own in its place, wrapped
+ * by {@link systemReminder} (one without text is left out). Nothing before it changes, so a
+ * session's cached prompt prefix survives.
  */
 export function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
   const callNames = new Map<string, string>();
@@ -320,14 +339,16 @@ export function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
     ? [{ role: "system", text: messages.slice(0, leading).map((m) => textOf(m.content)).join("\n\n") }]
     : [];
   return out.concat(
-    messages.slice(leading).map((m, k): EngineMessage => {
+    messages.slice(leading).flatMap((m, k): EngineMessage[] => {
       const i = k + leading;
       switch (m.role) {
         case "system":
-        case "developer":
-          return { role: "user", text: textOf(m.content) };
+        case "developer": {
+          const text = textOf(m.content);
+          return text.trim() ? [{ role: "user", text: systemReminder(text) }] : [];
+        }
         case "user":
-          return { role: "user", text: textOf(m.content) };
+          return [{ role: "user", text: textOf(m.content) }];
         case "assistant": {
           const toolCalls = (m.tool_calls ?? []).map((c, j) => {
             callNames.set(c.id, c.function.name);
@@ -338,20 +359,20 @@ export function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
             };
           });
           const reasoning = m.reasoning_content ?? m.reasoning ?? undefined;
-          return {
+          return [{
             role: "assistant",
             text: textOf(m.content),
             toolCalls,
             ...(reasoning ? { reasoning } : {}),
-          };
+          }];
         }
         case "tool":
-          return {
+          return [{
             role: "tool",
             text: textOf(m.content),
             toolCallId: m.tool_call_id,
             toolName: callNames.get(m.tool_call_id),
-          };
+          }];
       }
     }),
   );

@@ -20,6 +20,8 @@ export interface CompletionContext {
   log: Logger;
   requestId: string;
   systemFingerprint?: string;
+  /** Every prompt's job has started (got its sequences) at `startedAt` (`performance.now()`). */
+  onStarted?: (startedAt?: number) => void;
   onUsage?: (usage: CompletionUsage) => void;
 }
 
@@ -112,15 +114,20 @@ export async function createCompletion(
     rawPrompt: tokens,
     promptLogprobs: echo && logprobs !== undefined,
   }));
-  // Start every prompt's generation; errors before the first event are plain HTTP errors.
+  // Start every prompt's generation at once; errors before the first event are plain HTTP errors.
   const iterators = jobs.map((job) => engine.generate(job, signal)[Symbol.asyncIterator]());
-  const firsts: IteratorResult<ChatEvent>[] = [];
+  let firsts: IteratorResult<ChatEvent>[];
   try {
-    for (const it of iterators) firsts.push(await it.next());
+    firsts = await Promise.all(iterators.map((it) => it.next()));
   } catch (e) {
     abort.abort(new DOMException("failed", "AbortError"));
     throw toError(e);
   }
+  // The request waited until its last prompt got sequences.
+  const starts = firsts.flatMap((f) =>
+    !f.done && f.value.type === "prompt" && f.value.startedAt ? [f.value.startedAt] : []
+  );
+  ctx.onStarted?.(starts.length === firsts.length ? Math.max(...starts) : undefined);
   const promptTokens = firsts.reduce(
     (s, f) => s + (!f.done && f.value.type === "prompt" ? f.value.promptTokens : 0),
     0,

@@ -4,7 +4,6 @@
  * thinking, limits, schema checks and cancellation are those of `/v1/chat/completions`; its output
  * is read back into a message, or into Anthropic's stream events.
  */
-import { createHash } from "node:crypto";
 import type { z } from "zod";
 import { ApiError, badRequest, formatPath } from "../http/errors.ts";
 import type { ChatChunk, ChatCompletion, ChatMessage, ChatRequest } from "../protocol/chat.ts";
@@ -26,11 +25,23 @@ import {
 } from "../protocol/anthropic.ts";
 import type { ChatEngine, ChatEvent } from "../engines/types.ts";
 import { type ChatContext, runChat, toJob } from "./chat.ts";
+import type { ReasoningSealer } from "./reasoning_seal.ts";
 
 /** A messages request's outcome: the whole message, or its stream events (errors become an `error` event). */
 export type MessagesRun =
-  | { kind: "message"; message: Message }
-  | { kind: "stream"; events: AsyncGenerator<MessageStreamEvent> };
+  & ({ kind: "message"; message: Message } | { kind: "stream"; events: AsyncGenerator<MessageStreamEvent> })
+  & {
+    /** The types of tools left out of the prompt (Anthropic-defined tools, under `hostedTools: "ignore"`). */
+    ignored: string[];
+  };
+
+/** How this server treats what it cannot serve as asked, and its seal (from configuration, as for Responses). */
+export interface MessagesOptions {
+  /** Anthropic-defined tools (web_search_…, bash_…, text_editor_…, …): left out of the prompt, or a 400. */
+  hostedTools: "ignore" | "refuse";
+  /** Seals thinking into signatures, and opens them again. */
+  sealer: ReasoningSealer;
+}
 
 /**
  * Runs one messages request. Errors found before the first token are thrown as `ApiError`s
@@ -41,8 +52,9 @@ export type MessagesRun =
  * import type { MessagesRequest } from "../protocol/anthropic.ts";
  * import type { ChatEngine } from "../engines/types.ts";
  * import type { ChatContext } from "./chat.ts";
- * async function answer(body: MessagesRequest, engine: ChatEngine, ctx: ChatContext) {
- *   const run = await createMessage(body, engine, ctx);
+ * import type { ReasoningSealer } from "./reasoning_seal.ts";
+ * async function answer(body: MessagesRequest, engine: ChatEngine, ctx: ChatContext, sealer: ReasoningSealer) {
+ *   const run = await createMessage(body, engine, ctx, { hostedTools: "ignore", sealer });
  *   if (run.kind === "message") console.log(run.message.content);
  * }
  * ```
@@ -51,8 +63,10 @@ export async function createMessage(
   req: MessagesRequest,
   engine: ChatEngine,
   ctx: ChatContext,
+  opts: MessagesOptions,
 ): Promise<MessagesRun> {
-  const { chat, params, omitThinking } = toChatRequest(req);
+  const { sealer } = opts;
+  const { chat, params, omitThinking, ignored } = await toChatRequest(req, opts);
   // What the chat objects do not carry: the prompt's counts at the start, and which stop sequence ended it.
   const seen: { prompt?: Extract<ChatEvent, { type: "prompt" }>; stopSequence?: string } = {};
   const observed = observe(engine, (e) => {
@@ -71,9 +85,14 @@ export async function createMessage(
     maxTokens: req.max_tokens,
     omitThinking,
     contextManagement: req.context_management != null,
+    seal: (text: string) => sealer.seal(text),
   };
   if (run.kind === "completion") {
-    return { kind: "message", message: fromCompletion(base, run.completion, seen.stopSequence) };
+    return {
+      kind: "message",
+      message: await fromCompletion(base, run.completion, seen.stopSequence),
+      ignored,
+    };
   }
   const toError = (e: unknown) => renameParam(run.toError(e), params);
   return {
@@ -82,6 +101,7 @@ export async function createMessage(
       prompt: () => seen.prompt,
       stopSequence: () => seen.stopSequence,
     }),
+    ignored,
   };
 }
 
@@ -92,8 +112,9 @@ export async function createMessage(
  * ```ts
  * import type { CountTokensRequest } from "../protocol/anthropic.ts";
  * import type { ChatEngine } from "../engines/types.ts";
- * async function count(body: CountTokensRequest, engine: ChatEngine, signal: AbortSignal) {
- *   return await countTokens(body, engine, undefined, signal); // { input_tokens: 1234 }
+ * import type { ReasoningSealer } from "./reasoning_seal.ts";
+ * async function count(body: CountTokensRequest, engine: ChatEngine, sealer: ReasoningSealer, signal: AbortSignal) {
+ *   return await countTokens(body, engine, undefined, { hostedTools: "ignore", sealer }, signal); // { input_tokens: 1234 }
  * }
  * ```
  */
@@ -101,9 +122,10 @@ export async function countTokens(
   req: CountTokensRequest,
   engine: ChatEngine,
   defaultThinking: boolean | undefined,
+  opts: MessagesOptions,
   signal?: AbortSignal,
 ): Promise<MessageTokensCount> {
-  const { chat, params } = toChatRequest({ ...req, max_tokens: 1 });
+  const { chat, params } = await toChatRequest({ ...req, max_tokens: 1 }, opts);
   if (engine.upstreams) {
     throw badRequest(
       `The model '${req.model.slice(0, 256)}' is served by upstream servers, whose tokenizer is theirs: ` +
@@ -135,12 +157,16 @@ interface ParamMap {
 /** Claude Code's first system block: per-request billing data that would defeat prompt reuse. */
 const BILLING_HEADER = /^x-anthropic-billing-header:[^\n]*\n?/;
 
-/** The chat request an Anthropic request means, where its parts came from, and the thinking display. */
-export function toChatRequest(req: MessagesRequest): {
+/**
+ * The chat request an Anthropic request means, where its parts came from, the thinking display, and
+ * the tool types left out. Thinking signatures are opened with the sealer (one that does not open is a 400).
+ */
+export async function toChatRequest(req: MessagesRequest, opts: MessagesOptions): Promise<{
   chat: ChatRequest;
   params: ParamMap;
   omitThinking: boolean;
-} {
+  ignored: string[];
+}> {
   if (req.mcp_servers?.length) {
     throw badRequest(
       "mcp_servers are connected by Anthropic's servers; this server connects to none. " +
@@ -158,6 +184,7 @@ export function toChatRequest(req: MessagesRequest): {
   const system = systemText(req.system);
   if (system) push({ role: "system", content: system }, "system");
 
+  const signatures = await openSignatures(req.messages, opts.sealer);
   const referenced = new Set<string>();
   const callNames = new Map<string, string>();
   const last = () => messages.at(-1);
@@ -170,12 +197,8 @@ export function toChatRequest(req: MessagesRequest): {
   req.messages.forEach((m, i) => {
     const at = `messages[${i}]`;
     if (m.role === "system") {
-      const text = textOf(m.content);
-      if (messages.length === 0 || (messages.length === 1 && messages[0].role === "system")) {
-        // Leading system messages are the system prompt.
-        if (messages.length === 0) push({ role: "system", content: text }, at);
-        else messages[0].content = joinText([messages[0].content as string, text], "\n\n");
-      } else if (text.trim()) userText(reminder(text), at);
+      // As on every API (toEngineMessages): leading ones join the system prompt, later ones are reminders.
+      push({ role: "system", content: textOf(m.content) }, at);
       return;
     }
     const blocks = typeof m.content === "string" ? [{ type: "text" as const, text: m.content }] : m.content;
@@ -221,7 +244,7 @@ export function toChatRequest(req: MessagesRequest): {
           a.content = joinText([a.content as string ?? "", b.text]);
           break;
         case "thinking": {
-          const text = b.thinking || thinkingFromSignature(b.signature);
+          const text = thinkingOf(b, signatures, bat);
           if (text) a.reasoning_content = joinText([a.reasoning_content ?? "", text], "\n\n");
           break;
         }
@@ -242,7 +265,7 @@ export function toChatRequest(req: MessagesRequest): {
     });
   });
   const final = last();
-  if (!final || final.role === "assistant" || final.role === "system") {
+  if (final?.role === "assistant" || !messages.some((m) => m.role === "user" || m.role === "tool")) {
     const i = req.messages.length - 1;
     throw badRequest(
       final?.role === "assistant"
@@ -255,14 +278,22 @@ export function toChatRequest(req: MessagesRequest): {
   }
 
   const tools: NonNullable<ChatRequest["tools"]> = [];
+  const ignored: string[] = [];
   (req.tools ?? []).forEach((t, i) => {
     if (t.type != null && t.type !== "custom") {
-      throw badRequest(
-        `tools[${i}] is a '${String(t.type).slice(0, 64)}' tool, which Anthropic's servers run or only ` +
-          "Claude knows; this server serves custom tools {name, description, input_schema}.",
-        `tools[${i}].type`,
-        "unsupported_value",
-      );
+      // As the Responses API's hosted tools (--hosted-tools): left out and named, or refused.
+      const type = String(t.type).slice(0, 64);
+      if (opts.hostedTools === "refuse") {
+        throw badRequest(
+          `tools[${i}] is a '${type}' tool, which Anthropic's servers run or only Claude knows, and this ` +
+            "server is configured to refuse such tools (--hosted-tools refuse): send custom tools " +
+            "{name, description, input_schema}.",
+          `tools[${i}].type`,
+          "unsupported_value",
+        );
+      }
+      if (!ignored.includes(type)) ignored.push(type);
+      return;
     }
     const tool: CustomTool = parseAt(CustomToolSchema, t, `tools[${i}]`);
     if (tool.defer_loading && !referenced.has(tool.name)) return;
@@ -299,6 +330,7 @@ export function toChatRequest(req: MessagesRequest): {
     top_p: req.top_p,
     top_k: req.top_k,
     seed: req.seed,
+    logit_bias: req.logit_bias,
     response_format: format
       ? { type: "json_schema", json_schema: { name: "output", schema: format.schema, strict: true } }
       : undefined,
@@ -311,7 +343,7 @@ export function toChatRequest(req: MessagesRequest): {
   };
   const omitThinking = (thinking?.type === "enabled" || thinking?.type === "adaptive") &&
     thinking.display === "omitted";
-  return { chat, params, omitThinking };
+  return { chat, params, omitThinking, ignored };
 }
 
 /** Text blocks joined; a line break between two blocks unless one is already there. */
@@ -330,12 +362,6 @@ function systemText(system: MessagesRequest["system"]): string {
 
 function textOf(content: string | { text: string }[]): string {
   return typeof content === "string" ? content : joinText(content.map((b) => b.text));
-}
-
-/** A system message inside the conversation, as the user-side text the template allows there. */
-function reminder(text: string): string {
-  const t = text.trim();
-  return t.startsWith("<system-reminder>") ? t : `<system-reminder>\n${t}\n</system-reminder>`;
 }
 
 function toolResultText(
@@ -440,28 +466,49 @@ interface Base {
   maxTokens: number;
   omitThinking: boolean;
   contextManagement: boolean;
+  /** A thinking block's signature: its thinking, sealed (so that the block sent back restores it). */
+  seal: (thinking: string) => Promise<string>;
+}
+
+/** The thinking each distinct signature in the conversation seals (null: it does not open). */
+async function openSignatures(
+  messages: MessagesRequest["messages"],
+  sealer: ReasoningSealer,
+): Promise<Map<string, string | null>> {
+  const signatures = new Set<string>();
+  for (const m of messages) {
+    if (m.role !== "assistant" || typeof m.content === "string") continue;
+    for (const b of m.content) if (b.type === "thinking" && b.signature) signatures.add(b.signature);
+  }
+  const opened = await Promise.all([...signatures].map(async (s) => [s, await sealer.open(s)] as const));
+  return new Map(opened);
 }
 
 /**
- * A thinking block's signature: the thinking itself (base64) when the display is `omitted`, so
- * that the block sent back restores it; otherwise a digest. Not a secret and not checked: the
- * client sends the whole conversation anyway.
+ * The thinking a block gives the prompt. Its signature is the thinking sealed by this server (see
+ * reasoning_seal.ts, as the Responses API's `encrypted_content`): it restores the text when the
+ * block's is empty (`display: "omitted"`). A signature that does not open, or a text that differs
+ * from the sealed one, is Anthropic's 400; a block without a signature gives its text as it is.
  */
-function signature(thinking: string, omitted: boolean): string {
-  const bytes = new TextEncoder().encode(thinking);
-  if (omitted) return `vserve1.${btoa(Array.from(bytes, (b) => String.fromCharCode(b)).join(""))}`;
-  return `vserve1-sha256.${createHash("sha256").update(bytes).digest("base64")}`;
-}
-
-function thinkingFromSignature(sig: string | null | undefined): string {
-  if (!sig?.startsWith("vserve1.")) return "";
-  try {
-    return new TextDecoder("utf-8", { fatal: true }).decode(
-      Uint8Array.from(atob(sig.slice("vserve1.".length)), (c) => c.charCodeAt(0)),
+function thinkingOf(
+  b: { thinking: string; signature?: string | null },
+  signatures: ReadonlyMap<string, string | null>,
+  at: string,
+): string {
+  if (!b.signature) return b.thinking;
+  const sealed = signatures.get(b.signature);
+  if (sealed == null || (b.thinking !== "" && b.thinking !== sealed)) {
+    throw badRequest(
+      "Invalid `signature` in `thinking` block: " +
+        (sealed == null
+          ? "it was not issued by this server under its current key (a key generated at start does not " +
+            "survive a restart; see --reasoning-key), or it was altered."
+          : "the thinking text is not the one the signature was issued for; send thinking blocks back unchanged."),
+      at,
+      "invalid_signature",
     );
-  } catch {
-    return "";
   }
+  return sealed;
 }
 
 const toolUseId = (id: string) => id.startsWith("toolu_") ? id : `toolu_${id.replace(/^call_/, "")}`;
@@ -507,14 +554,18 @@ function inputObject(args: string): Record<string, unknown> {
   }
 }
 
-function fromCompletion(base: Base, completion: ChatCompletion, stopSequence?: string): Message {
+async function fromCompletion(
+  base: Base,
+  completion: ChatCompletion,
+  stopSequence?: string,
+): Promise<Message> {
   const m = completion.choices[0].message;
   const content: ContentBlock[] = [];
   if (m.reasoning_content) {
     content.push({
       type: "thinking",
       thinking: base.omitThinking ? "" : m.reasoning_content,
-      signature: signature(m.reasoning_content, base.omitThinking),
+      signature: await base.seal(m.reasoning_content),
     });
   }
   if (m.content) content.push({ type: "text", text: m.content });
@@ -597,24 +648,24 @@ export async function* streamEvents(
   let finish: string | null = null;
   let usage: CompletionUsage | undefined;
 
-  function* close(): Generator<MessageStreamEvent> {
+  async function* close(): AsyncGenerator<MessageStreamEvent> {
     if (open === "thinking") {
       yield {
         type: "content_block_delta",
         index,
-        delta: { type: "signature_delta", signature: signature(thinking, base.omitThinking) },
+        delta: { type: "signature_delta", signature: await base.seal(thinking) },
       };
     }
     if (open) yield { type: "content_block_stop", index };
     open = undefined;
   }
-  function* start(block: ContentBlock): Generator<MessageStreamEvent> {
+  async function* start(block: ContentBlock): AsyncGenerator<MessageStreamEvent> {
     yield* close();
     index++;
     open = block.type;
     yield { type: "content_block_start", index, content_block: block };
   }
-  function* text(delta: string): Generator<MessageStreamEvent> {
+  async function* text(delta: string): AsyncGenerator<MessageStreamEvent> {
     if (open !== "text") yield* start({ type: "text", text: "" });
     yield { type: "content_block_delta", index, delta: { type: "text_delta", text: delta } };
   }

@@ -225,7 +225,10 @@ export class LlamaChatEngine implements ChatEngine {
 
   /**
    * A job's prompt: the chat template's text, and its tokens, in which only the template's own
-   * markup is special tokens: every client string is tokenized as text (see `markup.ts`).
+   * markup is special tokens: every client string is tokenized as text (see `markup.ts`). The tools
+   * are in it under every tool_choice: under `none` too, as OpenAI and Anthropic keep them visible,
+   * so an agent's turn without calls keeps the prompt prefix of its other turns (and the model
+   * cannot open a call: see {@link #samplingOf}).
    * Large histories render on a worker thread, and long texts are tokenized off the event loop or
    * between its turns. `limit`: stop early once the prompt has more tokens (`complete` false).
    */
@@ -236,7 +239,7 @@ export class LlamaChatEngine implements ChatEngine {
   ): Promise<{ text: string; tokens: number[]; complete: boolean }> {
     const rendered = await this.#template.renderAsync({
       messages: job.messages,
-      tools: job.toolChoice === "none" ? [] : job.tools,
+      tools: job.tools,
       thinking: job.enableThinking,
     }, signal);
     const model = this.#model;
@@ -258,6 +261,18 @@ export class LlamaChatEngine implements ChatEngine {
       }
     }
     return { text: rendered.text, tokens, complete: true };
+  }
+
+  /**
+   * A job's sampling options; under tool_choice `none` with tools, the token that opens a call is
+   * never sampled. (A dialect whose opener is several tokens gets no ban: its call markup is then
+   * plain text, since nothing is parsed as a call under `none`.)
+   */
+  #samplingOf(job: ChatJob): SamplingOptions {
+    if (job.toolChoice !== "none" || job.tools.length === 0 || this.#openTokens.length !== 1) {
+      return job.sampling;
+    }
+    return { ...job.sampling, logitBias: { ...job.sampling.logitBias, [this.#openTokens[0]]: -100 } };
   }
 
   detokenize(tokens: readonly number[]): string {
@@ -319,7 +334,7 @@ export class LlamaChatEngine implements ChatEngine {
     const grammar = await this.#grammars.grammar(job, inThink, thinking, signal);
     const grammars = Array.from({ length: job.n }, (_, i) => i === 0 ? grammar : grammar?.clone() ?? null);
     const seed = job.sampling.seed ?? Math.floor(Math.random() * 2 ** 32);
-    const sampler = new TokenSampler(samplingParams(job.sampling, seed), this.#model.nVocab);
+    const sampler = new TokenSampler(samplingParams(this.#samplingOf(job), seed), this.#model.nVocab);
     const choices = grammars.map((g, i) => ({
       sampler: i === 0 ? sampler : sampler.fork(seed + i),
       grammar: g,
@@ -328,6 +343,7 @@ export class LlamaChatEngine implements ChatEngine {
     const promptEntries: TokenLogprobInfo[] = [];
     const outputs = choices.map((_, i) => new ChoiceOutput(i, this, job, inThink, queue, raw));
     let firstToken = false;
+    let startedAt: number | undefined;
     const stop = new AbortController();
     const onAbort = () => stop.abort(signal.reason);
     signal.addEventListener("abort", onAbort, { once: true });
@@ -349,8 +365,9 @@ export class LlamaChatEngine implements ChatEngine {
         }
         : undefined,
       signal: stop.signal,
+      onStart: () => (startedAt = performance.now()),
       onPrompt: (info) => {
-        queue.push({ type: "prompt", ...info });
+        queue.push({ type: "prompt", ...info, ...(startedAt !== undefined ? { startedAt } : {}) });
         if (job.promptLogprobs) queue.push({ type: "prompt_logprobs", entries: promptEntries });
       },
       onToken: (choice, token, logprob) => {

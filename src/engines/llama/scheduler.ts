@@ -54,6 +54,8 @@ export interface GenerationJob {
    */
   onPromptLogits?: (position: number, logits: Float32Array) => void;
   signal: AbortSignal;
+  /** The job got its sequences and starts (the end of its wait for them); before its prompt is processed. */
+  onStart?(): void;
   /** The prompt is processed; `cachedTokens` of it came from an earlier request's state. */
   onPrompt(info: { promptTokens: number; cachedTokens: number }): void;
   /** A token was generated for `choice`; returning false ends that choice. */
@@ -351,6 +353,7 @@ export class Scheduler {
         s.lastUsed = ++this.#clock;
       }
       this.stats.busySequences += r.slots.length;
+      r.job.onStart?.();
       r.order = ++this.#admitted;
       r.arrival = this.stats.promptTokensEvaluated;
       this.#running.push(r);

@@ -22,6 +22,8 @@ export interface RelayContext {
   signal: AbortSignal;
   log: Logger;
   requestId: string;
+  /** The request was sent upstream at `startedAt` (`performance.now()`): the end of its queue wait. */
+  onStarted?: (startedAt?: number) => void;
   onUsage?: (usage: CompletionUsage) => void;
 }
 
@@ -88,7 +90,9 @@ export async function relayCompletion(
     if (e instanceof UpstreamFailure) return e.toEngineError(model);
     return e;
   };
+  let startedAt: number | undefined;
   const open = async (u: Upstream, sig: AbortSignal) => {
+    startedAt ??= performance.now();
     let ex;
     try {
       ex = await post(u, "/completions", { ...body, model: u.model }, {
@@ -147,6 +151,7 @@ export async function relayCompletion(
     } catch (e) {
       throw clientError(e);
     }
+    ctx.onStarted?.(startedAt);
     const usage = result.reader.usage();
     ctx.onUsage?.(usage);
     const body: Completion = {
@@ -164,6 +169,7 @@ export async function relayCompletion(
   } catch (e) {
     throw clientError(e);
   }
+  ctx.onStarted?.(startedAt);
   const { data, reader } = stream;
   const head = base(reader);
   // The client may leave before the stream is first read (its `finally` would not run then).
