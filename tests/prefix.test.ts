@@ -402,9 +402,10 @@ Deno.test({
       assert.equal(waits, 2, "both others waited for the leader's prefix");
       assert.ok(result.cached >= 512, `the follower took what the leader had computed (${result.cached})`);
       const leaderWork = evaluated[0] - (b.length - result.cached);
-      // (One or two chunks of the leader, the second one up to its prompt's end.)
+      // (Whole chunks of the leader, the last one up to its prompt's end: how many ran before the
+      // cancel took effect depends on the machine, not on the scheduler.)
       assert.ok(
-        leaderWork === 512 || leaderWork === Math.min(1024, a.length),
+        leaderWork >= 512 && leaderWork <= a.length && (leaderWork % 512 === 0 || leaderWork === a.length),
         `and computed only the rest (${leaderWork})`,
       );
       assert.equal(s.stats.busySequences, 0, "every sequence is free again");
