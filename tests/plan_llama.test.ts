@@ -14,7 +14,7 @@ import { parseRegistry } from "../src/registry.ts";
 import { resolveSource } from "../src/models/sources.ts";
 import { captureLlamaLog, llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { backendDevices, MODEL_PARAMS, openLlamaLibrary } from "../src/engines/llama/ffi.ts";
-import { NativeContext, NativeModel, placementParams } from "../src/engines/llama/native.ts";
+import { placementParams } from "../src/engines/llama/native.ts";
 import { LlamaChatEngine } from "../src/engines/llama/chat.ts";
 import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
 import { writeGgufHeaderOnly } from "../src/models/gguf_writer.ts";
@@ -143,38 +143,38 @@ function headerOnly(name: string, p: Qwen35MoePreset | Qwen3Preset): Promise<str
   return written.get(name)!;
 }
 
-/** llama.cpp's dry run of `path` with `placement`, and a context as the engine would create it. */
+/**
+ * llama.cpp's dry run of `path` with `placement`, and a context as the engine would create it, in a
+ * process of its own whose stderr carries llama.cpp's whole log (tests/helpers/dry_run_child.ts).
+ */
 async function dryRun(
   path: string,
   plan: ModelPlan,
   kind: "chat" | "embedding",
   placement: PlacementSettings = {},
 ): Promise<{ a: LlamaAllocations; weights: number }> {
-  const overrides = overrideRules(placement).map((r) => ({ pattern: r.pattern, bufferType: cpu.bufferType }));
-  await using capture = captureLlamaLog(llama);
-  const model = await NativeModel.load(lib, path, 0, { noAlloc: true, overrides });
-  try {
-    const c = plan.context!;
-    const ctx = await NativeContext.create(model, {
-      nCtx: c.cells,
-      nBatch: c.ubatch,
-      nUbatch: c.ubatch,
-      nSeqMax: c.sequences,
-      threads: 1,
-      embeddings: false,
-      kvUnified: c.unified,
-      ...(kind === "embedding" ? { pooling: "none" as const } : {}),
-    });
-    ctx.free();
-    const lines = await capture.stop();
-    assert.ok(
-      !lines.some((l) => l.includes("vserve-log-mark")),
-      "the capture's mark is not a line of the log",
-    );
-    return { a: parseLlamaLog(lines), weights: model.sizeBytes };
-  } finally {
-    model.free();
-  }
+  const c = plan.context!;
+  const context = {
+    nCtx: c.cells,
+    nBatch: c.ubatch,
+    nUbatch: c.ubatch,
+    nSeqMax: c.sequences,
+    threads: 1,
+    embeddings: false,
+    kvUnified: c.unified,
+    ...(kind === "embedding" ? { pooling: "none" as const } : {}),
+  };
+  const patterns = overrideRules(placement).map((r) => r.pattern);
+  const child = new URL("./helpers/dry_run_child.ts", import.meta.url).pathname;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", child, JSON.stringify({ path, patterns, context })],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const log = new TextDecoder().decode(out.stderr);
+  assert.equal(out.code, 0, `the dry run failed:\n${log.slice(-2000)}`);
+  const { weights } = JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!);
+  return { a: parseLlamaLog(log.split("\n").map((l) => l.trim()).filter(Boolean)), weights };
 }
 
 const SPARSE = [
