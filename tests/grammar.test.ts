@@ -3,44 +3,15 @@
  * engine (through FFI) over the real Qwen3 vocabulary: valid texts pass, invalid ones do not.
  */
 import assert from "node:assert/strict";
-import { llamaRuntime } from "../src/engines/llama/runtime.ts";
-import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
-import { NativeModel } from "../src/engines/llama/native.ts";
+import { acceptsText, acceptsTokens, loadGrammarModel } from "./helpers/grammar.ts";
 import { GrammarConstraint } from "../src/engines/llama/grammar.ts";
 import { gbnfLiteral, GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
 import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
 import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
-import { resolveSource } from "../src/models/sources.ts";
-import { silentLogger } from "../src/log.ts";
 import { checkAgainstSchema, SchemaChecker } from "../src/services/schema_check.ts";
 
-await llamaRuntime("cpu", silentLogger);
-const lib = openLlamaLibrary();
-const path = await resolveSource("builtin:tiny-chat", {
-  cacheDir: "models/cache",
-  hubUrl: "",
-  log: silentLogger,
-});
-const model = await NativeModel.load(lib, path, 0);
-globalThis.addEventListener("unload", () => model.free());
-
-/** Whether the grammar accepts exactly `text` (then end of generation). */
-function accepts(gbnf: string, text: string): boolean {
-  const g = GrammarConstraint.create(model, gbnf);
-  assert.ok(g, `llama.cpp parses the grammar:\n${gbnf}`);
-  try {
-    // Character by character: the grammar must accept every prefix, whatever the tokenization.
-    for (const ch of text) {
-      for (const t of model.tokenize(ch, false)) {
-        if (!g.allows(t)) return false;
-        g.accept(t);
-      }
-    }
-    return g.allows(model.eos);
-  } finally {
-    g.free();
-  }
-}
+const model = await loadGrammarModel();
+const accepts = (gbnf: string, text: string) => acceptsText(model, gbnf, text);
 
 function schemaGrammar(schema: unknown): string {
   const g = new JsonGrammar();
@@ -182,18 +153,7 @@ Deno.test("call tags as tokens: only the vocabulary's <tool_call> token opens a 
     }`,
   );
   const body = '\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n';
-  const feed = (tokens: number[]) => {
-    const c = GrammarConstraint.create(model, gbnf)!;
-    try {
-      for (const t of tokens) {
-        if (!c.allows(t)) return false;
-        c.accept(t);
-      }
-      return c.allows(model.eos);
-    } finally {
-      c.free();
-    }
-  };
+  const feed = (tokens: number[]) => acceptsTokens(model, gbnf, tokens);
   const inner = [...body].flatMap((ch) => model.tokenize(ch, false));
   assert.ok(feed([open, ...inner, close]), "the tokens open and close the call");
   const spelled = [..."<tool_call>"].flatMap((ch) => model.tokenize(ch, false));

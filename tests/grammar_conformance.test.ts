@@ -8,41 +8,12 @@
  * wins, and the case says so.
  */
 import assert from "node:assert/strict";
-import { llamaRuntime } from "../src/engines/llama/runtime.ts";
-import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
-import { NativeModel } from "../src/engines/llama/native.ts";
-import { GrammarConstraint } from "../src/engines/llama/grammar.ts";
+import { acceptsText, loadGrammarModel } from "./helpers/grammar.ts";
 import { GrammarError, JsonGrammar } from "../src/grammar/mod.ts";
-import { resolveSource } from "../src/models/sources.ts";
-import { silentLogger } from "../src/log.ts";
 import { SchemaChecker } from "../src/services/schema_check.ts";
 
-await llamaRuntime("cpu", silentLogger);
-const lib = openLlamaLibrary();
-const path = await resolveSource("builtin:tiny-chat", {
-  cacheDir: "models/cache",
-  hubUrl: "",
-  log: silentLogger,
-});
-const model = await NativeModel.load(lib, path, 0);
-globalThis.addEventListener("unload", () => model.free());
-
-/** Whether the grammar accepts exactly `text` (then the end of generation). */
-function accepts(gbnf: string, text: string): boolean {
-  const g = GrammarConstraint.create(model, gbnf);
-  assert.ok(g, `llama.cpp parses the grammar:\n${gbnf}`);
-  try {
-    for (const ch of text) {
-      for (const t of model.tokenize(ch, false)) {
-        if (!g.allows(t)) return false;
-        g.accept(t);
-      }
-    }
-    return g.allows(model.eos);
-  } finally {
-    g.free();
-  }
-}
+const model = await loadGrammarModel();
+const accepts = (gbnf: string, text: string) => acceptsText(model, gbnf, text);
 
 /** A case: the schema, and JSON texts it allows and forbids; or the refusal expected. */
 interface Case {
