@@ -96,6 +96,38 @@ serverTest(
   },
 );
 
+serverTest(
+  "hybrid: a conversation of many short turns is computed in long chunks, resumes from a checkpoint and matches cold runs",
+  async () => {
+    // 120 short turns (~1,400 tokens): a cut at every turn start past 512 tokens made ~100 chunks of a few
+    // tokens (3,000 turns took over 5 minutes); checkpoints at least 256 tokens apart make a few.
+    const history: Json[] = [];
+    for (let i = 0; i < 60; i++) {
+      history.push({ role: "user", content: `Note ${i}: ${words(3, i + 2)}` });
+      history.push({ role: "assistant", content: `Noted ${i}.` });
+    }
+    const first = request([...history, { role: "user", content: "Which note was about the river?" }]);
+    const decodes = await counter(single, "decodes");
+    const restored = await counter(single, "checkpoints_restored");
+    const answer = await ask(single, first);
+    const steps = await counter(single, "decodes") - decodes - answer.usage.completion_tokens;
+    assert.ok(answer.usage.prompt_tokens > 1400, `${answer.usage.prompt_tokens} prompt tokens`);
+    assert.ok(steps <= 12, `the prompt took ${steps} decodes`);
+    assert.equal(answer.choices[0].message.content, await reference(first));
+    // The next turn resumes from a checkpoint and still computes as alone.
+    const next = request([
+      ...history,
+      { role: "user", content: "Which note was about the river?" },
+      answer.choices[0].message,
+      { role: "user", content: "And the bells?" },
+    ]);
+    const second = await ask(single, next);
+    assert.ok(await counter(single, "checkpoints_restored") > restored, "resumed from a checkpoint");
+    assert.ok(second.usage.prompt_tokens_details.cached_tokens > 1200);
+    assert.equal(second.choices[0].message.content, await reference(next));
+  },
+);
+
 for (const model of [MODEL, DENSE]) {
   serverTest(
     `${model}: concurrent requests with a shared system prompt compute it once and match cold runs`,

@@ -13,7 +13,7 @@ import { loadConfig } from "../src/config.ts";
 import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
 import { Batch, type FlashAttention, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
-import { exactResume, Scheduler } from "../src/engines/llama/scheduler.ts";
+import { checkpointMarks, exactResume, Scheduler } from "../src/engines/llama/scheduler.ts";
 import { TokenSampler } from "../src/engines/llama/sampler.ts";
 import { PromptCache, type SavedPrompt, usablePrefix } from "../src/engines/llama/prompt_cache.ts";
 import { poll } from "./helpers/poll.ts";
@@ -88,6 +88,19 @@ Deno.test("exact resumption: a dense prompt resumes where its next chunk takes t
   assert.equal(exactResume([512, 1024], 1100, 1024), 1024);
   assert.equal(exactResume([512, 1024], 1100, 1060), 1036);
   assert.equal(exactResume([], 40, 30), 30);
+});
+
+Deno.test("checkpoint marks: turn starts past the first chunk, spaced, and the same for a prompt that extends another", () => {
+  assert.deepEqual(checkpointMarks([100, 600, 650, 900, 1000], 1200, 512, 256), [600, 900]);
+  assert.deepEqual(checkpointMarks([600, 1200], 1200, 512, 256), [600], "none at the prompt's end");
+  // 3,000 short turns: a mark every 256 tokens or so, not one a turn.
+  const turns = Array.from({ length: 3000 }, (_, i) => 20 * i);
+  const marks = checkpointMarks(turns, 60_000, 512, 256);
+  assert.ok(marks.length <= 60_000 / 256, `${marks.length} marks`);
+  assert.ok(marks.every((p, i) => i === 0 || p - marks[i - 1] >= 256));
+  // Extended by more turns, a prompt keeps every mark it had (resumed = alone).
+  const shorter = checkpointMarks(turns.slice(0, 1234), 24_700, 512, 256);
+  assert.deepEqual(marks.filter((p) => p < 24_700), shorter);
 });
 
 Deno.test("settings: --cache-ram / VSERVE_CACHE_RAM in MiB, 0 turns the cache off, negative is refused", async () => {

@@ -166,7 +166,7 @@ export interface SchedulerOptions {
   chunk: number;
   /** Most checkpoints kept per sequence (recurrent models). */
   maxCheckpoints: number;
-  /** Least distance between two checkpoints of a sequence, except the last one of a prompt. */
+  /** Least distance between two checkpoints of a sequence ({@link checkpointMarks}). */
   checkpointSpacing: number;
   /** Decode each sequence's next token on its own (for backends that batch sequences wrongly). */
   oneSequencePerDecode?: boolean;
@@ -403,16 +403,7 @@ export class Scheduler {
     r.boundaries = this.#cuts(r.job);
     r.checkpointAt.clear();
     if (this.#model.recurrent) {
-      const hints = this.#checkpointHints(r.job);
-      const spacing = this.#opts.checkpointSpacing;
-      let last = -Infinity;
-      const marks = hints.filter((p) => p > r.fed).sort((a, b) => a - b);
-      marks.forEach((p, i) => {
-        if (i === marks.length - 1 || p - last >= spacing) {
-          r.checkpointAt.add(p);
-          last = p;
-        }
-      });
+      for (const p of this.#checkpointMarks(r.job)) if (p > r.fed) r.checkpointAt.add(p);
     }
   }
 
@@ -424,18 +415,19 @@ export class Scheduler {
   #cuts(job: GenerationJob): number[] {
     // Prompt log-probabilities need every token's logits: small chunks bound that output buffer.
     const chunk = job.onPromptLogits ? 64 : this.#opts.chunk;
-    const cuts = new Set(this.#model.recurrent ? this.#checkpointHints(job) : []);
+    const cuts = new Set(this.#model.recurrent ? this.#checkpointMarks(job) : []);
     for (let p = chunk; p < job.prompt.length; p += chunk) cuts.add(p);
     return [...cuts].sort((a, b) => a - b);
   }
 
-  /**
-   * Turn starts where a checkpoint may be taken. One only pays off after a long enough prefix:
-   * shorter ones are cheap to recompute, and every cut costs the chunk before it a pass over the
-   * weights.
-   */
-  #checkpointHints(job: GenerationJob): number[] {
-    return [...(job.checkpoints ?? [])].filter((p) => p >= this.#opts.chunk && p < job.prompt.length);
+  /** Where `job`'s prompt is cut for a checkpoint: {@link checkpointMarks} of its turn starts. */
+  #checkpointMarks(job: GenerationJob): number[] {
+    return checkpointMarks(
+      job.checkpoints ?? [],
+      job.prompt.length,
+      this.#opts.chunk,
+      this.#opts.checkpointSpacing,
+    );
   }
 
   /**
@@ -917,6 +909,36 @@ export class Scheduler {
  * threads: the three round differently. (`GGML_FA_TILE_Q`.)
  */
 const ATTENTION_TILE_ROWS = 64;
+
+/**
+ * The turn starts (`hints`) of a prompt of `length` tokens where it is cut and a recurrent-state
+ * checkpoint is taken: none before `first` (a shorter prefix is cheap to recompute), then each one at
+ * least `spacing` after the last one kept. Every cut costs the chunk before it a pass over the
+ * weights: a cut at every turn start made a conversation of 3,000 short turns compute its prompt in
+ * chunks of a few tokens. The choice depends only on the turn starts before a position, so a longer
+ * prompt that extends this one keeps every cut this one had, and a prompt resumed from one of these
+ * checkpoints computes exactly as it does alone.
+ *
+ * @example
+ * ```ts
+ * checkpointMarks([100, 600, 650, 900, 1000], 1200, 512, 256); // [600, 900]
+ * ```
+ */
+export function checkpointMarks(
+  hints: readonly number[],
+  length: number,
+  first: number,
+  spacing: number,
+): number[] {
+  const marks: number[] = [];
+  let last = -Infinity;
+  for (const p of [...hints].sort((a, b) => a - b)) {
+    if (p < first || p >= length || p - last < spacing) continue;
+    marks.push(p);
+    last = p;
+  }
+  return marks;
+}
 
 /**
  * Where a prompt (cut at `cuts`) whose first `held` tokens are in memory resumes, for a KV cache
