@@ -137,7 +137,11 @@ async function modelSetup(name: string) {
   /** A scheduler of `sequences` sequences, with a prompt cache of `cacheBytes`. */
   const scheduler = async (
     sequences: number,
-    opts: { cacheBytes?: number; flashAttention?: FlashAttention } = {},
+    opts: {
+      cacheBytes?: number;
+      flashAttention?: FlashAttention;
+      trace?: (event: Record<string, unknown>) => void;
+    } = {},
   ) => {
     const chunk = 512;
     const ctx = await NativeContext.create(model, {
@@ -157,6 +161,7 @@ async function modelSetup(name: string) {
       maxCheckpoints: 4,
       checkpointSpacing: 256,
       promptCache: cache,
+      trace: opts.trace,
     });
     frees.push(() => {
       batch.free();
@@ -422,6 +427,118 @@ Deno.test({
         `and computed only the rest (${leaderWork})`,
       );
       assert.equal(s.stats.busySequences, 0, "every sequence is free again");
+    } finally {
+      m.free();
+    }
+  },
+});
+
+Deno.test({
+  name: "scheduler: prompts of several chunks each go to their end before the next one starts",
+  fn: async () => {
+    const m = await modelSetup("tiny-chat");
+    try {
+      const words = m.model.tokenize(m.words(1600, 3), false);
+      const { s } = await m.scheduler(4);
+      await m.run(s, words.slice(0, 500));
+      // Three prompts that share 440, 420 and 400 tokens with what a sequence holds: each computes
+      // two chunks (to 512, then to 620), of lengths no other one has next.
+      const prompts = [440, 420, 400].map((n, i) =>
+        [...words.slice(0, n), ...m.model.tokenize(`Question ${i}: ${m.words(400, 5 + i)}`, false)]
+          .slice(0, 620)
+      );
+      const base = s.stats.promptTokensEvaluated;
+      const done: [number, number, number][] = [];
+      await Promise.all(prompts.map((p, i) =>
+        m.run(s, p, {
+          onPrompt: (info) => done.push([i, s.stats.promptTokensEvaluated - base, info.cachedTokens]),
+        })
+      ));
+      // Each one's first token came right after its own chunks (180, then 200, then 220 tokens):
+      // one chunk of each in turn had given [384, 492, 600].
+      assert.deepEqual(done, [[0, 180, 440], [1, 380, 420], [2, 600, 400]]);
+    } finally {
+      m.free();
+    }
+  },
+});
+
+Deno.test({
+  name: "scheduler: a prompt's last chunk has at least 64 tokens; resumed before it, it computes as alone",
+  fn: async () => {
+    const m = await modelSetup("tiny-chat");
+    try {
+      const words = m.model.tokenize(m.words(1600, 3), false);
+      const prompt = words.slice(0, 540);
+      const chunks: [number, number][] = [];
+      const trace = (e: Record<string, unknown>) => {
+        if (e.ev === "chunk") chunks.push([e.from as number, e.to as number]);
+      };
+      const fresh = await m.run((await m.scheduler(1, { trace })).s, prompt, { reuse: false });
+      // Cut at 512, the last 28 tokens took flash attention's row-by-row path (twice the cost of
+      // a token in a tile of 64 rows on CPU): the last chunk starts 64 tokens before the end.
+      assert.deepEqual(chunks, [[0, 476], [476, 540]]);
+      chunks.length = 0;
+      const { s } = await m.scheduler(1, { trace });
+      await m.run(s, words.slice(0, 500));
+      chunks.length = 0;
+      const resumed = await m.run(s, prompt);
+      assert.deepEqual(chunks, [[476, 540]], "resumed where the chunk alone starts");
+      assert.equal(resumed.cached, 476);
+      assertSame(resumed.first, fresh.first, "the first token's numbers alone");
+    } finally {
+      m.free();
+    }
+  },
+});
+
+Deno.test({
+  name: "scheduler: a conversation going on in its sequence saves nothing; another one taking it saves it",
+  fn: async () => {
+    const m = await modelSetup("tiny-chat");
+    try {
+      const first = m.chat(m.words(300, 3), "First question about the river?");
+      const { s, cache } = await m.scheduler(1, { cacheBytes: 64 << 20 });
+      const reply = await m.run(s, first, { maxTokens: 100 });
+      assert.ok(reply.logprobs.length / 4 >= 80, `a long reply (${reply.logprobs.length / 4} tokens)`);
+      // The client sends the conversation back with the reply in another form (here: left out).
+      const next = [
+        ...first,
+        ...m.model.tokenize(
+          "<|im_end|>\n<|im_start|>user\nAnd the bells?<|im_end|>\n<|im_start|>assistant\n",
+          true,
+        ),
+      ];
+      const second = await m.run(s, next);
+      assert.ok(second.cached >= first.length - 64, `the conversation went on (${second.cached} cached)`);
+      assert.equal(cache.stats.saves, 0, "its generated tail, which no request starts with, was not saved");
+      await m.run(s, m.chat(m.words(300, 5), "Something else entirely."));
+      assert.equal(cache.stats.saves, 1, "another conversation took the sequence: the first one was saved");
+      const back = await m.run(s, [...next, ...m.model.tokenize("Third.", false)]);
+      assert.ok(back.cached >= next.length - 64, `and came back from the cache (${back.cached} cached)`);
+    } finally {
+      m.free();
+    }
+  },
+});
+
+Deno.test({
+  name: "scheduler: a request whose last token came settles before the next prompt chunk",
+  fn: async () => {
+    const m = await modelSetup("tiny-chat");
+    try {
+      const words = m.model.tokenize(m.words(3000, 3), false);
+      const events: string[] = [];
+      const { s } = await m.scheduler(2, {
+        trace: (e) => {
+          if (e.ev === "end") events.push(`end ${e.id}`);
+          if (e.ev === "chunk") events.push(`chunk ${e.ids} from ${e.from}`);
+        },
+      });
+      await Promise.all([m.run(s, words.slice(0, 20), { maxTokens: 3 }), m.run(s, words.slice(100, 1600))]);
+      // The short request's third token came in the decode before the long prompt's second chunk:
+      // it ended (its client got the end of the stream, its sequence was free) before that chunk.
+      assert.deepEqual(events.slice(0, 4), ["chunk 1 from 0", "chunk 2 from 0", "end 1", "chunk 2 from 512"]);
     } finally {
       m.free();
     }

@@ -55,6 +55,19 @@ export interface LlamaChatOptions {
   log: Logger;
 }
 
+/**
+ * `VSERVE_SCHEDULER_TRACE=FILE`: the generation loop's events (admissions, prefix sources, saves,
+ * restores, decodes and prompt chunks with their milliseconds), one JSON line each, for diagnosis.
+ */
+function schedulerTrace(): ((event: Record<string, unknown>) => void) | undefined {
+  const path = Deno.env.get("VSERVE_SCHEDULER_TRACE");
+  if (!path) return undefined;
+  const file = Deno.openSync(path, { write: true, create: true, append: true });
+  const encoder = new TextEncoder();
+  return (event) =>
+    file.writeSync(encoder.encode(JSON.stringify({ t: Math.round(performance.now()), ...event }) + "\n"));
+}
+
 /** Prompt tokens per decode step (llama.cpp's micro-batch). */
 const CHUNK = 512;
 
@@ -115,6 +128,7 @@ export class LlamaChatEngine implements ChatEngine {
       checkpointSpacing: 256,
       oneSequencePerDecode: batching === "per sequence",
       promptCache: this.#promptCache,
+      trace: schedulerTrace(),
     });
     this.contextSize = ctx.nCtxSeq;
     this.maxChoices = ctx.nSeqMax;

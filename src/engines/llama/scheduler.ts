@@ -97,6 +97,8 @@ interface Slot extends PrefixHolder {
   seq: number;
   /** Tokens in this sequence's memory, in order. */
   tokens: number[];
+  /** How many of the first `tokens` came from prompts (the rest were generated). */
+  prompted: number;
   checkpoints: Checkpoint[];
   busy: boolean;
   lastUsed: number;
@@ -138,6 +140,8 @@ interface Running {
   resolve: () => void;
   reject: (e: unknown) => void;
   failed: boolean;
+  /** Number for the trace. */
+  id: number;
 }
 
 /** The next piece of a prompt to feed: positions [from, to) of its job's prompt. */
@@ -172,6 +176,8 @@ export interface SchedulerOptions {
   oneSequencePerDecode?: boolean;
   /** Saved sequence states in host memory (absent or disabled: none). */
   promptCache?: PromptCache;
+  /** Receives the loop's events (a per-request timeline, for diagnosis; see chat.ts). */
+  trace?: (event: Record<string, unknown>) => void;
 }
 
 /**
@@ -208,6 +214,8 @@ export class Scheduler {
   #admitted = 0;
   /** Counts prompt chunks: the order in which prompts were last served. */
   #chunkClock = 0;
+  #jobs = 0;
+  readonly #trace: ((event: Record<string, unknown>) => void) | undefined;
   readonly stats: SchedulerStats = {
     promptTokensEvaluated: 0,
     promptTokensReused: 0,
@@ -232,9 +240,11 @@ export class Scheduler {
     this.#batch = batch;
     this.#opts = opts;
     this.#cache = opts.promptCache?.enabled ? opts.promptCache : undefined;
+    this.#trace = opts.trace;
     this.#slots = Array.from({ length: ctx.nSeqMax }, (_, seq) => ({
       seq,
       tokens: [],
+      prompted: 0,
       checkpoints: [],
       busy: false,
       lastUsed: 0,
@@ -273,7 +283,9 @@ export class Scheduler {
         resolve,
         reject,
         failed: false,
+        id: ++this.#jobs,
       };
+      this.#trace?.({ ev: "submit", id: r.id, prompt: job.prompt.length, waiting: this.#waiting.length });
       this.#waiting.push(r);
       // A job still waiting for sequences leaves at once; a running one at the next step.
       job.signal.addEventListener("abort", () => {
@@ -356,6 +368,7 @@ export class Scheduler {
       r.job.onStart?.();
       r.order = ++this.#admitted;
       r.arrival = this.stats.promptTokensEvaluated;
+      this.#trace?.({ ev: "admit", id: r.id, seq: primary.seq, held: primary.tokens.length });
       this.#running.push(r);
       await this.#begin(r);
     }
@@ -371,7 +384,7 @@ export class Scheduler {
     const primary = r.slots[0];
     try {
       if (r.job.reusePrefix === false) {
-        await this.#preserve(primary, 0);
+        await this.#preserve(primary, r);
         this.#reset(primary);
         return this.#start(r, 0);
       }
@@ -383,10 +396,11 @@ export class Scheduler {
         r.follows = leader;
         r.key = r.arrival + prompt.length - available;
         this.stats.prefixWaits++;
+        this.#trace?.({ ev: "follow", id: r.id, leader: leader.leader.id, target: leader.target, available });
         return;
       }
       if (now) return this.#start(r, await this.#take(primary, now, r));
-      await this.#preserve(primary, own);
+      await this.#preserve(primary, r);
       this.#start(r, await this.#reuse(primary, r));
     } catch (e) {
       this.#reset(primary);
@@ -396,6 +410,7 @@ export class Scheduler {
 
   /** `r`'s prompt holds `cached` tokens: it is cut into chunks and goes to the prompt queue. */
   #start(r: Running, cached: number) {
+    this.#trace?.({ ev: "start", id: r.id, cached, key: r.arrival + r.job.prompt.length - cached });
     r.cached = cached;
     r.fed = cached;
     r.key = r.arrival + r.job.prompt.length - cached;
@@ -415,8 +430,20 @@ export class Scheduler {
   #cuts(job: GenerationJob): number[] {
     // Prompt log-probabilities need every token's logits: small chunks bound that output buffer.
     const chunk = job.onPromptLogits ? 64 : this.#opts.chunk;
-    const cuts = new Set(this.#model.recurrent ? this.#checkpointMarks(job) : []);
-    for (let p = chunk; p < job.prompt.length; p += chunk) cuts.add(p);
+    const hints = this.#model.recurrent ? this.#checkpointMarks(job) : [];
+    const cuts = new Set(hints);
+    const length = job.prompt.length;
+    let last = 0;
+    for (let p = chunk; p < length; p += chunk) last = p;
+    // A last chunk under 64 tokens would take flash attention's row-by-row path, at twice the cost
+    // of a token in a tile on CPU (bench-chat at 1,400 cells: 63 rows 2.1 s, 64 rows 1.0 s): the
+    // last chunk starts 64 tokens before the end instead.
+    const tail = chunk >= 2 * ATTENTION_TILE_ROWS && last > 0 && length - last < ATTENTION_TILE_ROWS &&
+        !hints.some((h) => h >= length - ATTENTION_TILE_ROWS)
+      ? length - ATTENTION_TILE_ROWS
+      : last;
+    for (let p = chunk; p < last; p += chunk) cuts.add(p);
+    if (tail > 0) cuts.add(tail);
     return [...cuts].sort((a, b) => a - b);
   }
 
@@ -519,7 +546,7 @@ export class Scheduler {
             await this.#take(primary, { kind: "slot", slot: leader.slots[0], tokens }, r),
           );
         } else {
-          await this.#preserve(primary, own);
+          await this.#preserve(primary, r);
           this.#start(r, await this.#reuse(primary, r));
         }
       } catch (e) {
@@ -534,13 +561,21 @@ export class Scheduler {
    * back to what `prompt` can use; returns that number of tokens.
    */
   async #take(slot: Slot, source: Source, r: Running): Promise<number> {
-    await this.#preserve(slot, 0);
+    await this.#preserve(slot, r);
     this.#reset(slot);
+    this.#trace?.({
+      ev: "take",
+      id: r.id,
+      kind: source.kind,
+      from: source.kind === "slot" ? source.slot.seq : undefined,
+      tokens: source.tokens,
+    });
     if (source.kind === "slot") {
       this.#ctx.copySequence(source.slot.seq, slot.seq);
       this.#copiedFrom.add(source.slot.seq);
       this.#copiedTo.add(slot.seq);
       slot.tokens = [...source.slot.tokens];
+      slot.prompted = source.slot.prompted;
       slot.checkpoints = [...source.slot.checkpoints];
       const kept = await this.#reuse(slot, r);
       this.stats.prefixCopies++;
@@ -552,8 +587,10 @@ export class Scheduler {
       await this.#ctx.restoreState(slot.seq, source.entry.state, 0);
     } finally {
       this.stats.promptCacheMs += performance.now() - started;
+      this.#trace?.({ ev: "restored", id: r.id, seq: slot.seq, ms: performance.now() - started });
     }
     slot.tokens = [...source.entry.tokens];
+    slot.prompted = slot.tokens.length;
     slot.checkpoints = [...source.entry.checkpoints];
     const kept = await this.#reuse(slot, r);
     this.#cache!.hit(source.entry, kept);
@@ -561,12 +598,19 @@ export class Scheduler {
   }
 
   /**
-   * Saves `slot`'s memory into the prompt cache before all but its first `keep` tokens are lost,
-   * unless what would be lost is short or held elsewhere (another sequence, an entry).
+   * Saves `slot`'s memory into the prompt cache before `r`'s prompt replaces it, unless what would
+   * be lost is held elsewhere (another sequence, an entry) or is not worth the save: when `r` keeps
+   * all but fewer than 64 tokens of the prompts `slot` computed (beyond its common prefix with
+   * them), `r` continues the conversation `slot` holds, and all it drops is that conversation's
+   * generated tail, which the client sent back in another form (reasoning left out, the reply
+   * tokenized anew), so that no later request starts with it. A save copies the whole state
+   * (bench-chat: 175 MB and 0.13–0.58 s for a 1,500-token sequence) on the way to the next
+   * prompt's first token; an agent turn waited for one each.
    */
-  async #preserve(slot: Slot, keep: number) {
+  async #preserve(slot: Slot, r: Running) {
     const cache = this.#cache;
-    if (!cache || slot.tokens.length - keep < MIN_REUSE || this.#copiedTo.has(slot.seq)) return;
+    const lost = Math.min(slot.prompted, slot.tokens.length) - commonPrefix(slot.tokens, r.job.prompt);
+    if (!cache || lost < MIN_REUSE || this.#copiedTo.has(slot.seq)) return;
     const recurrent = this.#model.recurrent;
     // A waiting follower's sequence is about to be replaced: it keeps nothing for anyone.
     const replaced = new Set(this.#running.filter((r) => r.follows).map((r) => r.slots[0]));
@@ -581,6 +625,13 @@ export class Scheduler {
       if (!cache.fits(bytes)) return;
       const state = await this.#ctx.saveState(slot.seq, 0);
       cache.put({ tokens: [...slot.tokens], state, checkpoints: [...slot.checkpoints] });
+      this.#trace?.({
+        ev: "saved",
+        seq: slot.seq,
+        tokens: slot.tokens.length,
+        bytes: state.length,
+        ms: performance.now() - started,
+      });
     } catch {
       // Out of host memory, or llama.cpp could not write the state: nothing is saved, nothing lost.
     } finally {
@@ -597,6 +648,7 @@ export class Scheduler {
     if (!this.#model.recurrent) {
       if (this.#ctx.removeTokens(slot.seq, p)) {
         slot.tokens.length = p;
+        slot.prompted = Math.min(slot.prompted, p);
         return p;
       }
       this.#reset(slot);
@@ -614,6 +666,7 @@ export class Scheduler {
     }
     this.stats.checkpointsRestored++;
     slot.tokens.length = checkpoint.pos;
+    slot.prompted = Math.min(slot.prompted, checkpoint.pos);
     slot.checkpoints = slot.checkpoints.filter((c) => c.pos <= checkpoint.pos);
     return checkpoint.pos;
   }
@@ -621,6 +674,7 @@ export class Scheduler {
   #reset(slot: Slot) {
     this.#ctx.removeTokens(slot.seq, -1, -1);
     slot.tokens = [];
+    slot.prompted = 0;
     slot.checkpoints = [];
   }
 
@@ -636,7 +690,14 @@ export class Scheduler {
 
   async #stepInner() {
     await this.#decodeStep();
+    // Before the prompt chunks (seconds on a CPU): a request whose last token came settles now,
+    // and its sequence is free for the next one (an agent's next turn waited for the chunks).
+    this.#finishDone();
     await this.#prefillStep();
+    this.#finishDone();
+  }
+
+  #finishDone() {
     for (const r of [...this.#running]) {
       if (r.choices.length > 0 && r.choices.every((c) => c.done)) this.#finish(r);
     }
@@ -664,8 +725,10 @@ export class Scheduler {
       for (const d of group) {
         d.out = batch.add(d.choice.pending, d.choice.slot.tokens.length, d.choice.slot.seq, true);
       }
+      const t0 = performance.now();
       if (!await this.#decode(new Set(group.map((d) => d.running)))) continue;
       const sampleStart = performance.now();
+      this.#trace?.({ ev: "decode", n: group.length, ms: sampleStart - t0 });
       for (const d of group) {
         d.choice.slot.tokens.push(d.choice.pending);
         if (!d.running.failed) await this.#sample(d.running, d.choice, d.out);
@@ -676,11 +739,14 @@ export class Scheduler {
 
   /**
    * Prompt chunks, up to {@link SchedulerOptions.chunk} tokens in all (at least one chunk), the
-   * prompt with the smallest {@link Running.key} first: the one that would finish first had it run
-   * alone since it arrived. Prompts that arrive together are finished one after the other, shortest
-   * first, instead of all together at the end; a short request never waits for a long prompt; and
-   * a long prompt moves ahead of newer ones once it has waited as long as its own work takes. A
-   * prompt that others wait for to copy its prefix goes at the earliest of their keys.
+   * prompt with the smallest {@link Running.key} first, to its end if the step has room: the one
+   * that would finish first had it run alone since it arrived. Prompts that arrive together are
+   * finished one after the other, shortest first, instead of all together at the end; a short
+   * request never waits for a long prompt; and a long prompt moves ahead of newer ones once it has
+   * waited as long as its own work takes. A prompt that others wait for to copy its prefix goes at
+   * the earliest of their keys. (One chunk per prompt and step, as before, served prompts of two
+   * chunks round robin: 8 agent turns of ~130 tokens cut at 1,536 all got their first token after
+   * the last one's second chunk.)
    *
    * Greedy output must not depend on load: a sequence has to compute exactly as it would alone.
    * llama.cpp splits a batch of several sequences into micro-batches of equal length per sequence
@@ -691,6 +757,30 @@ export class Scheduler {
    * a burst of same-length prompts takes one pass over the weights instead of one each).
    */
   async #prefillStep() {
+    let budget = this.#opts.chunk;
+    // Prompts whose next chunk is longer than what is left of this step's tokens.
+    const deferred = new Set<Running>();
+    while (budget > 0) {
+      // A request whose client left during an earlier decode of this step gets no chunk; one that
+      // came meanwhile starts (it may go first).
+      this.#dropCancelled();
+      await this.#admit();
+      const chunks = this.#nextChunks().filter((c) => !deferred.has(c.r));
+      if (chunks.length === 0) break;
+      const c = chunks[0];
+      const length = c.to - c.from;
+      if (length > budget && budget < this.#opts.chunk) {
+        deferred.add(c.r);
+        continue;
+      }
+      const group = this.#sameLengthRun(c, chunks, Math.max(budget, length));
+      budget -= length * group.length;
+      await this.#prefill(group);
+    }
+  }
+
+  /** The next chunk of every prompt being computed, in the order prompts are served. */
+  #nextChunks(): PromptChunk[] {
     const key = new Map<Running, number>();
     for (const r of this.#running) {
       if (r.follows) {
@@ -698,35 +788,23 @@ export class Scheduler {
         key.set(leader, Math.min(key.get(leader) ?? leader.key, r.key));
       } else if (!key.has(r)) key.set(r, r.key);
     }
-    const chunks: PromptChunk[] = this.#running.filter((r) => r.fed < r.job.prompt.length && !r.follows)
+    return this.#running.filter((r) => r.fed < r.job.prompt.length && !r.follows && !r.failed)
       .sort((a, b) => key.get(a)! - key.get(b)! || a.order - b.order)
       .map((r) => ({ r, from: r.fed, to: r.boundaries.find((p) => p > r.fed) ?? r.job.prompt.length }));
-    const served = new Set<Running>();
-    let budget = this.#opts.chunk;
-    for (const c of chunks) {
-      // A request whose client left during an earlier decode of this step gets no chunk.
-      this.#dropCancelled();
-      if (c.r.failed || served.has(c.r) || budget <= 0) continue;
-      const length = c.to - c.from;
-      if (length > budget && budget < this.#opts.chunk) continue;
-      const group = this.#sameLengthRun(c, chunks.filter((o) => !served.has(o.r)), Math.max(budget, length));
-      for (const g of group) served.add(g.r);
-      budget -= length * group.length;
-      await this.#prefill(group);
-    }
   }
 
   /**
    * `c` and the chunks of `candidates` that can share its decode: the same length, on the sequences
    * next to its own (llama.cpp puts only consecutive sequence ids into one micro-batch), within
-   * `tokens` in all. A one-token chunk always runs alone: it is shaped like a decode step, and alone
-   * it can take llama.cpp's split-KV flash attention on CPU (one query row in one KV stream of 512
-   * cells or more), which rounds differently from the path of a batch of several sequences.
+   * `tokens` in all, when sharing pays ({@link #sharingPays}). A one-token chunk always runs alone:
+   * it is shaped like a decode step, and alone it can take llama.cpp's split-KV flash attention on
+   * CPU (one query row in one KV stream of 512 cells or more), which rounds differently from the
+   * path of a batch of several sequences.
    */
   #sameLengthRun(c: PromptChunk, candidates: PromptChunk[], tokens: number): PromptChunk[] {
     const length = c.to - c.from;
     const alone = (o: PromptChunk) => o.r.job.onPromptLogits !== undefined || o.r.failed;
-    if (this.#opts.oneSequencePerDecode || alone(c) || length === 1) return [c];
+    if (this.#opts.oneSequencePerDecode || alone(c) || length === 1 || !this.#sharingPays(length)) return [c];
     const bySeq = new Map<number, PromptChunk>();
     for (const o of candidates) if (o.to - o.from === length && !alone(o)) bySeq.set(o.r.slots[0].seq, o);
     const most = Math.floor(tokens / length);
@@ -740,6 +818,22 @@ export class Scheduler {
     const run: PromptChunk[] = [];
     for (let s = low; s <= high; s++) run.push(bySeq.get(s) ?? c);
     return run;
+  }
+
+  /**
+   * Whether chunks of `length` tokens on k sequences finish earlier on average in one decode than
+   * one after another. A decode costs about a + b·tokens: in one decode all k finish after
+   * a + k·length·b; one after another the i-th after i·(a + length·b). One decode has the lower
+   * mean when length·b < a, that is when a chunk alone costs less than two one-token decodes (as
+   * measured: see pace.ts). So on a GPU, where a decode's fixed cost dominates, they share; on a
+   * CPU they do not (bench-chat, one thread, at 1,400 cells: 64 tokens 1.0 s, one token 0.09 s;
+   * four chunks of 64 in one decode took 7% less than one after another, and all waited for the
+   * last). Unmeasured: alone.
+   */
+  #sharingPays(length: number): boolean {
+    const one = this.#ctx.expectedDecode(1, false);
+    const chunk = this.#ctx.expectedDecode(length, false);
+    return one.samples > 0 && chunk.samples > 0 && chunk.ms < 2 * one.ms;
   }
 
   /** Runs chunks (sequence order, one length) as one decode, then takes each one's prompt further. */
@@ -756,12 +850,21 @@ export class Scheduler {
       outs.push(out);
       r.lastChunk = ++this.#chunkClock;
     }
+    const t0 = performance.now();
     if (!await this.#decode(new Set(group.map((g) => g.r)))) return;
     const sampleStart = performance.now();
+    this.#trace?.({
+      ev: "chunk",
+      ids: group.map((g) => g.r.id),
+      from: group[0].from,
+      to: group[0].to,
+      ms: sampleStart - t0,
+    });
     let first = 0;
     for (const [k, { r, from, to }] of group.entries()) {
       const slot = r.slots[0];
       for (let i = from; i < to; i++) slot.tokens.push(r.job.prompt[i]);
+      slot.prompted = slot.tokens.length;
       if (r.job.onPromptLogits) {
         try {
           // A position's log-probabilities are passes over the whole vocabulary (3-5 ms at 151k
@@ -824,13 +927,15 @@ export class Scheduler {
   async #startChoices(r: Running, out: number) {
     const [primary, ...others] = r.slots;
     for (const s of others) {
-      await this.#preserve(s, 0);
+      await this.#preserve(s, r);
       this.#reset(s);
       this.#ctx.copySequence(primary.seq, s.seq);
       this.#copiedFrom.add(primary.seq);
       this.#copiedTo.add(s.seq);
       s.tokens = [...primary.tokens];
+      s.prompted = primary.prompted;
     }
+    this.#trace?.({ ev: "prompted", id: r.id, cached: r.cached });
     r.choices = r.job.choices.map((spec, index) => ({
       index,
       slot: r.slots[index],
@@ -887,6 +992,7 @@ export class Scheduler {
   #finish(r: Running, error?: unknown) {
     if (r.failed) return;
     r.failed = true;
+    this.#trace?.({ ev: "end", id: r.id, error: error !== undefined });
     const i = this.#running.indexOf(r);
     if (i >= 0) this.#running.splice(i, 1);
     this.#releaseSlots(r);
