@@ -63,6 +63,15 @@ Deno.test("decode pace: a kind runs on the thread once measured short, in bursts
   assert.equal(off.onThread("a"), false, "0: never on the thread");
 });
 
+Deno.test("decode pace: the least of a kind's recent durations", () => {
+  const pace = new DecodePace(4, 8);
+  assert.equal(pace.least("a"), undefined);
+  for (const ms of [3, 90, 2.5, 40]) pace.record("a", ms, false);
+  assert.equal(pace.least("a"), 2.5, "what slowed the others down only added time");
+  for (let i = 0; i < 8; i++) pace.record("a", 10, false);
+  assert.equal(pace.least("a"), 10, "only the last eight count");
+});
+
 Deno.test("decode pace: kinds by token count (exact to 16, then powers of two) and mode", () => {
   assert.equal(decodeKind(1, false), "g1");
   assert.equal(decodeKind(16, false), "g16");

@@ -456,12 +456,17 @@ export class NativeContext {
   }
 
   /**
-   * The expected wall time of a decode of `tokens` tokens, with outputs (`embeddings`) or not, in
-   * this context (a moving average, see pace.ts), and how many were measured (0: ms is NaN).
+   * The wall time of a decode of `tokens` tokens, with outputs (`embeddings`) or not, in this context:
+   * `ms` as expected now (a moving average), `least` the least of the last few (its cost on a quiet
+   * machine: see pace.ts), and how many were measured (0: both NaN).
    */
-  expectedDecode(tokens: number, embeddings: boolean): { ms: number; samples: number } {
+  expectedDecode(tokens: number, embeddings: boolean): { ms: number; least: number; samples: number } {
     const kind = `${this.#id}:${decodeKind(tokens, embeddings)}`;
-    return { ms: this.#pace.expected(kind) ?? NaN, samples: this.#pace.samples(kind) };
+    return {
+      ms: this.#pace.expected(kind) ?? NaN,
+      least: this.#pace.least(kind) ?? NaN,
+      samples: this.#pace.samples(kind),
+    };
   }
 
   /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */

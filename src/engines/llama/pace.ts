@@ -20,10 +20,14 @@
  * schema compilations and a long prompt waited 1 s; with 6 ms (no longer than those slices) it did not.
  */
 
+/** Recent durations kept per kind for {@link DecodePace.least}. */
+const RECENT = 8;
+
 /** Decode durations by kind (batch shape) and the current burst of synchronous decodes. */
 export class DecodePace {
   readonly #expected = new Map<string, number>();
   readonly #samples = new Map<string, number>();
+  readonly #recent = new Map<string, number[]>();
   #spent = 0;
 
   /**
@@ -50,6 +54,10 @@ export class DecodePace {
       expected === undefined ? ms : samples < 3 ? Math.min(expected, ms) : expected + (ms - expected) / 4,
     );
     this.#samples.set(kind, samples + 1);
+    const recent = this.#recent.get(kind) ?? [];
+    recent.push(ms);
+    if (recent.length > RECENT) recent.shift();
+    this.#recent.set(kind, recent);
     this.#spent = onThread ? this.#spent + ms : 0;
   }
 
@@ -66,6 +74,18 @@ export class DecodePace {
   /** The expected duration of a decode of `kind`, if one was measured. */
   expected(kind: string): number | undefined {
     return this.#expected.get(kind);
+  }
+
+  /**
+   * The least of the last few durations of `kind` (undefined: none measured): what a decode of it
+   * costs the machine when nothing else slows it down. Other processes, and a compute thread that
+   * loses its core (its partners then wait at ggml's barriers), only ever add time, and on a shared
+   * machine they added 2-100 times the decode's own; so a cost compared between kinds is taken as
+   * this, not as the average.
+   */
+  least(kind: string): number | undefined {
+    const recent = this.#recent.get(kind);
+    return recent?.length ? Math.min(...recent) : undefined;
   }
 
   /** Decodes of `kind` measured so far. */
