@@ -9,10 +9,13 @@
  * of microseconds each. Against a 35 ms decode that is noise; against the 1–4 ms steps of a small
  * model, or of a large one on a GPU, it is a tenth of every token. So a decode expected to take at
  * most 6 ms (a step of one stream of a tiny stand-in takes 1-2 ms on two cores; one of bench-chat 35)
- * runs on the JavaScript thread, holding the event loop, in bursts of at most 6 ms: the decode that
- * would pass that runs non-blocking, and meanwhile the loop waits for its sockets (new requests,
- * `/health`, disconnects) and sends what the streams wrote (a fast stream's tokens of the burst go out
- * in one write). Longer decodes (prompt chunks, many sequences, a slow machine) stay non-blocking.
+ * runs on the JavaScript thread, holding the event loop, in bursts of at most 6 ms. Between two bursts
+ * the loop takes one turn in which it polls its sockets (new requests, `/health`, disconnects) and
+ * sends what the streams wrote (a fast stream's tokens of the burst go out in one write): a
+ * `loopTurn` (event_loop.ts), ~35 µs of this thread and no other thread woken; where loop turns are
+ * not enabled (tests, tools) the decode that would pass the burst runs non-blocking instead, and the
+ * loop waits meanwhile. Longer decodes (prompt chunks, many sequences, a slow machine) stay
+ * non-blocking.
  *
  * Why so short: the runtime polls its sockets when the loop has nothing ready, else only every few
  * dozen turns, so while other work keeps the loop busy (a grammar compiled in 10 ms slices, say) each
@@ -38,8 +41,13 @@ export class DecodePace {
 
   /** Whether a decode of `kind` may run on the JavaScript thread now. */
   onThread(kind: string): boolean {
+    return this.short(kind) && this.#spent + this.#expected.get(kind)! <= this.burstMs;
+  }
+
+  /** Whether a decode of `kind` is short enough for the JavaScript thread (in a burst of its own). */
+  short(kind: string): boolean {
     const expected = this.#expected.get(kind);
-    return expected !== undefined && expected <= this.maxStepMs && this.#spent + expected <= this.burstMs;
+    return expected !== undefined && expected <= this.maxStepMs && expected <= this.burstMs;
   }
 
   /** A decode of `kind` took `ms` (`onThread`: synchronously; else the event loop waited meanwhile). */
