@@ -12,7 +12,7 @@ import { ConnectionWatch } from "./src/http/connections.ts";
 import { Registry } from "./src/registry.ts";
 import { createServer, type Lifecycle } from "./src/server.ts";
 import { CounterReader, Gauge, Metrics } from "./src/metrics.ts";
-import { EventLoopMonitor } from "./src/event_loop.ts";
+import { enableLoopTurns, EventLoopMonitor } from "./src/event_loop.ts";
 import { resolveModelSpecs } from "./src/model_specs.ts";
 import { loadEngine, planDevices } from "./src/engines/load.ts";
 import { planCommand, startPlan } from "./src/plan/command.ts";
@@ -111,6 +111,8 @@ async function main(): Promise<number> {
     metrics.eventLoopLag.observe({}, lag);
   });
   loopMonitor.start();
+  // Cheap turns of the event loop between bursts of short decodes and slices of long work.
+  await enableLoopTurns();
   const sealer = await ReasoningSealer.create(config.reasoningKey);
   if (!sealer.configured) {
     log.info(
@@ -278,6 +280,10 @@ function createMetrics(registry: Registry, share: ComputeShare): Metrics {
     engineCounter(
       "decodes_on_thread",
       "Model evaluations run on the request thread (short ones, in bursts).",
+    ),
+    engineCounter(
+      "loop_turns",
+      "Turns of the event loop between bursts of decodes on the request thread (its sockets polled).",
     ),
     engineCounter("batched_tokens", "Tokens in all batches (with decodes: the mean batch size)."),
     engineCounter("checkpoints_saved", "Recurrent-state checkpoints taken (hybrid models)."),

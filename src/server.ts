@@ -20,6 +20,7 @@ import { EngineInputError, EngineUpstreamError } from "./engines/types.ts";
 import type { Logger } from "./log.ts";
 import { type RequestContext, type Route, routeKit, type ServerDeps } from "./routes/context.ts";
 import { routeInfo, routeLabel, routeTable } from "./routes/index.ts";
+import { onSseEnd } from "./http/sse.ts";
 import { IGNORED_TOOLS_HEADER } from "./routes/responses.ts";
 
 export type { Lifecycle, ServerDeps } from "./routes/context.ts";
@@ -212,6 +213,8 @@ function untilBodyEnds(res: Response, finish: (cut?: boolean) => void): Response
   // string body into a stream, sent chunked): look at the content type first.
   if (onSlicedJsonEnd(res, finish)) return res;
   const streaming = res.headers.get("content-type")?.startsWith("text/event-stream") && res.body !== null;
+  // Our own event streams say when they end; others (a remote engine's, passed on) get a stage that sees it.
+  if (streaming && onSseEnd(res.body, finish)) return res;
   return streaming ? withBodyEnd(res, finish) : (finish(), res);
 }
 

@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { ComputeShare } from "../src/engines/compute_share.ts";
 import { decodeKind, DecodePace } from "../src/engines/llama/pace.ts";
+import { enableLoopTurns, loopTurn } from "../src/event_loop.ts";
 import { resolveSource } from "../src/models/sources.ts";
 import { silentLogger } from "../src/log.ts";
 import { llamaRuntime } from "../src/engines/llama/runtime.ts";
@@ -63,6 +64,22 @@ Deno.test("decode pace: a kind runs on the thread once measured short, in bursts
   assert.equal(off.onThread("a"), false, "0: never on the thread");
 });
 
+Deno.test("decode pace: the least of a kind's recent durations, and which kinds are short", () => {
+  const pace = new DecodePace(4, 8);
+  assert.equal(pace.least("a"), undefined);
+  assert.equal(pace.short("a"), false, "never measured");
+  for (const ms of [3, 90, 2.5, 40]) pace.record("a", ms, false);
+  assert.equal(pace.least("a"), 2.5, "what slowed the others down only added time");
+  assert.equal(pace.short("a"), false, "the average is past 4 ms");
+  for (let i = 0; i < 8; i++) pace.record("a", 10, false);
+  assert.equal(pace.least("a"), 10, "only the last eight count");
+  pace.record("b", 3, false);
+  pace.record("b", 3, true);
+  pace.record("b", 3, true);
+  assert.equal(pace.onThread("b"), false, "the burst is used up");
+  assert.equal(pace.short("b"), true, "but the kind is short: a turn of the loop, then the thread");
+});
+
 Deno.test("decode pace: kinds by token count (exact to 16, then powers of two) and mode", () => {
   assert.equal(decodeKind(1, false), "g1");
   assert.equal(decodeKind(16, false), "g16");
@@ -71,76 +88,165 @@ Deno.test("decode pace: kinds by token count (exact to 16, then powers of two) a
   assert.notEqual(decodeKind(3, true), decodeKind(3, false));
 });
 
+/**
+ * Generates `tokens` tokens of tiny-chat with every measured step on the thread (bursts of 8),
+ * calling `onToken` with the count so far; returns the context's decode counters of the run.
+ */
+async function generateOnThread(
+  tokens: number,
+  onToken: (generated: number) => void,
+): Promise<{ onThread: number; offThread: number; turns: number }> {
+  await llamaRuntime("cpu", silentLogger);
+  const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+  const lib = openLlamaLibrary();
+  const model = await NativeModel.load(lib, path, 0);
+  const ctx = await NativeContext.create(model, {
+    nCtx: 2 * 1024,
+    nBatch: 516,
+    nUbatch: 516,
+    nSeqMax: 2,
+    threads: 1,
+    embeddings: false,
+    kvUnified: false,
+    // Every measured step on the thread, in bursts of 8: each decode counts as 1 ms, however slow the
+    // machine (a loaded one took steps of over 8 ms, which go off the thread).
+    pace: new (class extends DecodePace {
+      override record(kind: string, _ms: number, onThread: boolean) {
+        super.record(kind, 1, onThread);
+      }
+    })(1000, 8),
+  });
+  const batch = new Batch(lib, 516);
+  const scheduler = new Scheduler(model, ctx, batch, {
+    chunk: 512,
+    maxCheckpoints: 4,
+    checkpointSpacing: 256,
+  });
+  // No end of text: every run decodes its whole length.
+  const eog = new Map<number, number>();
+  for (let t = 0; t < model.nVocab; t++) if (model.isEog(t)) eog.set(t, -Infinity);
+  const params = {
+    temperature: 0.8,
+    topK: 40,
+    topP: 0.95,
+    minP: 0.05,
+    seed: 1,
+    presencePenalty: 0,
+    frequencyPenalty: 0,
+    repeatPenalty: 1,
+    logitBias: eog,
+  };
+  try {
+    let generated = 0;
+    const before = { ...ctx.decodes };
+    await scheduler.run({
+      prompt: model.tokenize("the river carries light across stones", false),
+      choices: [{ sampler: new TokenSampler(params, model.nVocab), grammar: null }],
+      maxTokens: tokens,
+      signal: new AbortController().signal,
+      onPrompt: () => {},
+      onToken: () => {
+        onToken(++generated);
+        return true;
+      },
+      onEnd: () => {},
+    });
+    assert.equal(generated, tokens);
+    return {
+      onThread: ctx.decodes.onThread - before.onThread,
+      offThread: ctx.decodes.offThread - before.offThread,
+      turns: ctx.decodes.turns - before.turns,
+    };
+  } finally {
+    batch.free();
+    ctx.free();
+    model.free();
+  }
+}
+
+/**
+ * Generates as {@link generateOnThread}, asking a server of this process once at token 10; returns
+ * the decode counters and the token count when the answer came (-1: not during the run).
+ */
+async function askedDuring(tokens: number) {
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, () => new Response("ok"));
+  const url = `http://127.0.0.1:${server.addr.port}/`;
+  try {
+    let count = 0;
+    let answeredAt = -1;
+    const decodes = await generateOnThread(tokens, (generated) => {
+      count = generated;
+      if (generated !== 10) return;
+      void fetch(url).then(async (r) => {
+        await r.text();
+        answeredAt = count;
+      });
+    });
+    return { ...decodes, answeredAt };
+  } finally {
+    await server.shutdown();
+  }
+}
+
 Deno.test({
   name: "scheduler: short steps decode on the JavaScript thread, and the event loop still turns",
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
-    await llamaRuntime("cpu", silentLogger);
-    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
-    const lib = openLlamaLibrary();
-    const model = await NativeModel.load(lib, path, 0);
-    const ctx = await NativeContext.create(model, {
-      nCtx: 2 * 1024,
-      nBatch: 516,
-      nUbatch: 516,
-      nSeqMax: 2,
-      threads: 1,
-      embeddings: false,
-      kvUnified: false,
-      // Every measured step on the thread, however slow the machine, in bursts of 8 ms.
-      pace: new DecodePace(1000, 8),
-    });
-    const batch = new Batch(lib, 516);
-    const scheduler = new Scheduler(model, ctx, batch, {
-      chunk: 512,
-      maxCheckpoints: 4,
-      checkpointSpacing: 256,
-    });
-    // No end of text: every run decodes its whole length.
-    const eog = new Map<number, number>();
-    for (let t = 0; t < model.nVocab; t++) if (model.isEog(t)) eog.set(t, -Infinity);
-    const params = {
-      temperature: 0.8,
-      topK: 40,
-      topP: 0.95,
-      minP: 0.05,
-      seed: 1,
-      presencePenalty: 0,
-      frequencyPenalty: 0,
-      repeatPenalty: 1,
-      logitBias: eog,
-    };
+    const tokens = 300;
+    const { onThread, offThread, turns, answeredAt } = await askedDuring(tokens);
+    assert.ok(onThread > 0, `no decode ran on the JavaScript thread (${offThread} off it)`);
+    // (Off the thread without a burst limit: the prompt's decode and the first step, to measure them.)
+    assert.ok(offThread > 2, "bursts end with a decode off the thread");
+    assert.equal(turns, 0, "no loop turns unless enabled");
+    assert.ok(answeredAt >= 10 && answeredAt < tokens, `the client was answered after token ${answeredAt}`);
+  },
+});
+
+// From here on this process takes its loop turns through a loopback pair (as the server does).
+Deno.test({
+  name: "loop turns: blocks of synchronous work with a turn between them serve sockets and timers",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    assert.ok(await enableLoopTurns(), "a loopback pair");
+    const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen() {} }, () => new Response("ok"));
     try {
-      const tokens = 200;
-      let timerFiredAt = -1;
-      let generated = 0;
-      const before = { ...ctx.decodes };
-      await scheduler.run({
-        prompt: model.tokenize("the river carries light across stones", false),
-        choices: [{ sampler: new TokenSampler(params, model.nVocab), grammar: null }],
-        maxTokens: tokens,
-        signal: new AbortController().signal,
-        onPrompt: () => {},
-        onToken: () => {
-          // A timer set once the steps run on the thread fires while they go on: bursts end.
-          if (++generated === 10) setTimeout(() => (timerFiredAt = generated), 0);
-          return true;
-        },
-        onEnd: () => {},
+      let answered = false;
+      let fired = false;
+      setTimeout(() => (fired = true), 0);
+      const asked = fetch(`http://127.0.0.1:${server.addr.port}/`).then(async (r) => {
+        assert.equal(await r.text(), "ok");
+        answered = true;
       });
-      assert.equal(generated, tokens);
-      const onThread = ctx.decodes.onThread - before.onThread;
-      const offThread = ctx.decodes.offThread - before.offThread;
-      assert.ok(onThread > 0, `no decode ran on the JavaScript thread (${offThread} off it)`);
-      // (Off the thread without a burst limit: the prompt's decode and the first step, to measure them.)
-      assert.ok(offThread > 2, "bursts end with a decode off the thread");
-      assert.ok(timerFiredAt > 0 && timerFiredAt < tokens, `the timer fired after token ${timerFiredAt}`);
+      let turns = 0;
+      while (!(answered && fired) && turns < 500) {
+        const end = performance.now() + 1;
+        while (performance.now() < end) { /* a decode on this thread */ }
+        // Concurrent callers take one turn each.
+        await Promise.all([loopTurn(), loopTurn()]);
+        turns++;
+      }
+      await asked;
+      assert.ok(answered && fired, `after ${turns} turns: answered ${answered}, timer ${fired}`);
     } finally {
-      batch.free();
-      ctx.free();
-      model.free();
+      await server.shutdown();
     }
+  },
+});
+
+Deno.test({
+  name: "scheduler: with loop turns, bursts end with a turn that serves sockets, not a decode off the thread",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    assert.ok(await enableLoopTurns(), "a loopback pair for the turns");
+    const tokens = 300;
+    const { onThread, offThread, turns, answeredAt } = await askedDuring(tokens);
+    // Only the prompt's decode and the first step, to measure them: every later one on the thread.
+    assert.equal(offThread, 2, `${offThread} decodes off the thread (${onThread} on it)`);
+    assert.ok(turns >= Math.floor((tokens - 2) / 8) - 1, `${turns} turns for bursts of 8 decodes`);
+    assert.ok(answeredAt >= 10 && answeredAt < tokens, `the client was answered after token ${answeredAt}`);
   },
 });
 
@@ -193,7 +299,7 @@ Deno.test({
     try {
       await step(0, 0); // measured off the thread
       await step(0, 1);
-      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 1 });
+      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 1, turns: 0 });
       // (This pace serves this context alone: its one kind is a one-token step, keyed by context.)
       const kind = Array.from({ length: 100 }, (_, i) => `${i}:g1`).find((k) =>
         pace.expected(k) !== undefined
@@ -201,10 +307,14 @@ Deno.test({
       const expected = pace.expected(kind!);
       ctx.copySequence(0, 1);
       await step(1, 2);
-      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 2 }, "the copy's decode went off the thread");
+      assert.deepEqual(
+        ctx.decodes,
+        { onThread: 1, offThread: 2, turns: 0 },
+        "the copy's decode went off the thread",
+      );
       assert.equal(pace.expected(kind!), expected, "its time (the copy's too) is not the shape's");
       await step(1, 3);
-      assert.deepEqual(ctx.decodes, { onThread: 2, offThread: 2 }, "then on the thread again");
+      assert.deepEqual(ctx.decodes, { onThread: 2, offThread: 2, turns: 0 }, "then on the thread again");
     } finally {
       batch.free();
       ctx.free();

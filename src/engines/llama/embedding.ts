@@ -443,10 +443,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
 
   /**
    * Whether a short step of `tokens` tokens finishing `inputs` inputs runs as one decode: from the
-   * expected times of this context's decodes (pace.ts: one pass = `tokens` with outputs; two = the
+   * measured times of this context's decodes (pace.ts: one pass = `tokens` with outputs; two = the
    * bodies without, then `inputs` with), each path tried {@link FIRST_SAMPLES} times first and the
-   * other path again every {@link RECHECK_EVERY}-th step, so a figure taken under a passing load is
-   * renewed. Longer steps, and engines given `onePassTokens`, keep the shape rule.
+   * other path again every {@link RECHECK_EVERY}-th step. The paths are compared by the least of each
+   * kind's recent times, not their averages: on a shared 2-core machine a decode's wall time swung
+   * 2-100× with the neighbours' load, and averages picked the one-pass path for half the requests of
+   * a 7-token input on tiny-embed, which costs 3.5× the CPU of the two decodes there (5.6 against
+   * 1.6 ms, one thread). Longer steps, and engines given `onePassTokens`, keep the shape rule.
    */
   #preferOnePass(tokens: number, inputs: number): boolean {
     if (!this.#measured || tokens > MEASURED_STEP) return true;
@@ -460,7 +463,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     const split = [ctx.expectedDecode(body, false), ctx.expectedDecode(inputs, true)];
     if (one.samples < FIRST_SAMPLES) return true;
     if (split.some((s) => s.samples < FIRST_SAMPLES)) return false;
-    const choice = one.ms <= split[0].ms + split[1].ms;
+    const choice = one.least <= split[0].least + split[1].least;
     return n % RECHECK_EVERY === 0 ? !choice : choice;
   }
 

@@ -9,10 +9,13 @@
  * of microseconds each. Against a 35 ms decode that is noise; against the 1–4 ms steps of a small
  * model, or of a large one on a GPU, it is a tenth of every token. So a decode expected to take at
  * most 6 ms (a step of one stream of a tiny stand-in takes 1-2 ms on two cores; one of bench-chat 35)
- * runs on the JavaScript thread, holding the event loop, in bursts of at most 6 ms: the decode that
- * would pass that runs non-blocking, and meanwhile the loop waits for its sockets (new requests,
- * `/health`, disconnects) and sends what the streams wrote (a fast stream's tokens of the burst go out
- * in one write). Longer decodes (prompt chunks, many sequences, a slow machine) stay non-blocking.
+ * runs on the JavaScript thread, holding the event loop, in bursts of at most 6 ms. Between two bursts
+ * the loop takes one turn in which it polls its sockets (new requests, `/health`, disconnects) and
+ * sends what the streams wrote (a fast stream's tokens of the burst go out in one write): a
+ * `loopTurn` (event_loop.ts), ~35 µs of this thread and no other thread woken; where loop turns are
+ * not enabled (tests, tools) the decode that would pass the burst runs non-blocking instead, and the
+ * loop waits meanwhile. Longer decodes (prompt chunks, many sequences, a slow machine) stay
+ * non-blocking.
  *
  * Why so short: the runtime polls its sockets when the loop has nothing ready, else only every few
  * dozen turns, so while other work keeps the loop busy (a grammar compiled in 10 ms slices, say) each
@@ -20,10 +23,14 @@
  * schema compilations and a long prompt waited 1 s; with 6 ms (no longer than those slices) it did not.
  */
 
+/** Recent durations kept per kind for {@link DecodePace.least}. */
+const RECENT = 8;
+
 /** Decode durations by kind (batch shape) and the current burst of synchronous decodes. */
 export class DecodePace {
   readonly #expected = new Map<string, number>();
   readonly #samples = new Map<string, number>();
+  readonly #recent = new Map<string, number[]>();
   #spent = 0;
 
   /**
@@ -34,8 +41,13 @@ export class DecodePace {
 
   /** Whether a decode of `kind` may run on the JavaScript thread now. */
   onThread(kind: string): boolean {
+    return this.short(kind) && this.#spent + this.#expected.get(kind)! <= this.burstMs;
+  }
+
+  /** Whether a decode of `kind` is short enough for the JavaScript thread (in a burst of its own). */
+  short(kind: string): boolean {
     const expected = this.#expected.get(kind);
-    return expected !== undefined && expected <= this.maxStepMs && this.#spent + expected <= this.burstMs;
+    return expected !== undefined && expected <= this.maxStepMs && expected <= this.burstMs;
   }
 
   /** A decode of `kind` took `ms` (`onThread`: synchronously; else the event loop waited meanwhile). */
@@ -50,6 +62,10 @@ export class DecodePace {
       expected === undefined ? ms : samples < 3 ? Math.min(expected, ms) : expected + (ms - expected) / 4,
     );
     this.#samples.set(kind, samples + 1);
+    const recent = this.#recent.get(kind) ?? [];
+    recent.push(ms);
+    if (recent.length > RECENT) recent.shift();
+    this.#recent.set(kind, recent);
     this.#spent = onThread ? this.#spent + ms : 0;
   }
 
@@ -66,6 +82,18 @@ export class DecodePace {
   /** The expected duration of a decode of `kind`, if one was measured. */
   expected(kind: string): number | undefined {
     return this.#expected.get(kind);
+  }
+
+  /**
+   * The least of the last few durations of `kind` (undefined: none measured): what a decode of it
+   * costs the machine when nothing else slows it down. Other processes, and a compute thread that
+   * loses its core (its partners then wait at ggml's barriers), only ever add time, and on a shared
+   * machine they added 2-100 times the decode's own; so a cost compared between kinds is taken as
+   * this, not as the average.
+   */
+  least(kind: string): number | undefined {
+    const recent = this.#recent.get(kind);
+    return recent?.length ? Math.min(...recent) : undefined;
   }
 
   /** Decodes of `kind` measured so far. */

@@ -310,7 +310,10 @@ export class Scheduler {
     try {
       while (this.#waiting.length > 0 || this.#running.length > 0) {
         this.#dropCancelled();
-        await this.#admit();
+        // (Only when there is something to admit: a step of a running generation allocates nothing here.)
+        if (this.#waiting.length > 0 || this.#running.some((r) => r.follows?.leader.failed)) {
+          await this.#admit();
+        }
         if (this.#running.length === 0) {
           if (this.#waiting.length === 0) break;
           // Waiting jobs need more free sequences than there are: wait for a change.
@@ -331,6 +334,8 @@ export class Scheduler {
 
   /** Ends jobs whose signal aborted (between decodes: a decode in flight always completes). */
   #dropCancelled() {
+    const aborted = (r: Running) => r.job.signal.aborted;
+    if (!this.#waiting.some(aborted) && !this.#running.some(aborted)) return;
     for (const r of [...this.#waiting]) {
       if (r.job.signal.aborted) {
         this.#waiting.splice(this.#waiting.indexOf(r), 1);
@@ -692,14 +697,18 @@ export class Scheduler {
     await this.#decodeStep();
     // Before the prompt chunks (seconds on a CPU): a request whose last token came settles now,
     // and its sequence is free for the next one (an agent's next turn waited for the chunks).
+    // Every step of every generation runs this: nothing is allocated unless there is work.
     this.#finishDone();
-    await this.#prefillStep();
+    if (this.#waiting.length > 0 || this.#running.some((r) => r.fed < r.job.prompt.length)) {
+      await this.#prefillStep();
+    }
     this.#finishDone();
   }
 
   #finishDone() {
-    for (const r of [...this.#running]) {
-      if (r.choices.length > 0 && r.choices.every((c) => c.done)) this.#finish(r);
+    const finished = (r: Running) => r.choices.length > 0 && r.choices.every((c) => c.done);
+    if (this.#running.some(finished)) {
+      for (const r of this.#running.filter(finished)) this.#finish(r);
     }
   }
 
