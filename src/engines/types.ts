@@ -193,8 +193,9 @@ export interface ChatEngine {
   /**
    * Token ids of `text`; `special`: parse special-token text (chat markup) into special tokens
    * (only for text that is the client's own template: legacy completions, `/tokenize` of text).
+   * Long texts are tokenized without holding the event loop; `signal` ends the work early.
    */
-  tokenize(text: string, special: boolean): number[];
+  tokenize(text: string, special: boolean, signal?: AbortSignal): Promise<number[]>;
   /** The text of `tokens` (special tokens included). */
   detokenize(tokens: readonly number[]): string;
   /**

@@ -77,7 +77,7 @@ export async function createCompletion(
   engine: ChatEngine,
   ctx: CompletionContext,
 ): Promise<CompletionRun> {
-  const prompts = toPrompts(req, engine);
+  const prompts = await toPrompts(req, engine, ctx.signal);
   const n = req.n ?? 1;
   if (req.best_of != null && req.best_of !== n) {
     throw badRequest(
@@ -317,7 +317,11 @@ export async function createRelayedCompletion(
 }
 
 /** The prompts as token lists (with fill-in-the-middle markup when `suffix` is given). */
-function toPrompts(req: CompletionRequest, engine: ChatEngine): number[][] {
+async function toPrompts(
+  req: CompletionRequest,
+  engine: ChatEngine,
+  signal: AbortSignal,
+): Promise<number[][]> {
   const p = req.prompt;
   let prompts: (string | number[])[];
   if (typeof p === "string") prompts = [p];
@@ -326,11 +330,20 @@ function toPrompts(req: CompletionRequest, engine: ChatEngine): number[][] {
   if (prompts.length > 64) {
     throw badRequest("prompt holds more than 64 prompts.", "prompt", "too_many_inputs");
   }
-  const out = prompts.map((x, i) => {
+  if (req.suffix != null && !engine.fim) {
+    throw badRequest(
+      "suffix needs a model with fill-in-the-middle tokens; this model has none.",
+      "suffix",
+      "unsupported_value",
+    );
+  }
+  const out: number[][] = [];
+  for (const [i, x] of prompts.entries()) {
     const param = prompts.length === 1 ? "prompt" : `prompt[${i}]`;
     if (typeof x === "string") {
       if (x === "" && req.suffix == null) throw badRequest(`${param} is empty.`, param, "invalid_value");
-      return engine.tokenize(x, true);
+      out.push(await engine.tokenize(x, true, signal));
+      continue;
     }
     const bad = x.findIndex((t) => t >= engine.vocabSize);
     if (bad >= 0) {
@@ -340,18 +353,11 @@ function toPrompts(req: CompletionRequest, engine: ChatEngine): number[][] {
         "invalid_value",
       );
     }
-    return x;
-  });
+    out.push(x);
+  }
   if (req.suffix != null) {
-    if (!engine.fim) {
-      throw badRequest(
-        "suffix needs a model with fill-in-the-middle tokens; this model has none.",
-        "suffix",
-        "unsupported_value",
-      );
-    }
-    const { prefix, suffix, middle } = engine.fim;
-    const tail = engine.tokenize(req.suffix, false);
+    const { prefix, suffix, middle } = engine.fim!;
+    const tail = await engine.tokenize(req.suffix, false, signal);
     return out.map((t) => [prefix, ...t, suffix, ...tail, middle]);
   }
   return out;

@@ -60,7 +60,7 @@ export async function tokenize(
     }, signal));
   } else {
     const text = (req.content ?? req.prompt)!;
-    ids = isChat(engine) ? engine.tokenize(text, special) : await engine.tokenize(text);
+    ids = isChat(engine) ? await engine.tokenize(text, special, signal) : await engine.tokenize(text);
   }
   const tokens = req.with_pieces && isChat(engine)
     ? ids.map((id) => ({ id, piece: engine.tokenText(id).token }))

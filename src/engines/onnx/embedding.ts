@@ -7,6 +7,7 @@ import type { Logger } from "../../log.ts";
 import type { SessionReply, SessionRequest } from "./session_worker.ts";
 import type { ComputeClient } from "../compute_share.ts";
 import type { TokenizerReply, TokenizerRequest } from "./tokenizer_worker.ts";
+import { Slicer } from "../../event_loop.ts";
 
 /** True when onnxruntime-node's CUDA provider libraries are installed beside its binding. */
 export function cudaProviderInstalled(): boolean {
@@ -55,7 +56,7 @@ class TokenizerClient {
   #next = 0;
   #failed?: Error;
 
-  constructor(tokenizerJson: unknown, tokenizerConfig: unknown) {
+  constructor(tokenizerJson: unknown, tokenizerConfig: unknown, markup: readonly MarkupToken[]) {
     this.#worker = new Worker(new URL("./tokenizer_worker.ts", import.meta.url), { type: "module" });
     this.#worker.onmessage = (e: MessageEvent<TokenizerReply>) => {
       const reply = e.data;
@@ -68,7 +69,9 @@ class TokenizerClient {
       e.preventDefault();
       this.#fail(new Error(`the tokenizer worker failed: ${e.message}`));
     };
-    this.#worker.postMessage({ type: "load", tokenizerJson, tokenizerConfig } satisfies TokenizerRequest);
+    this.#worker.postMessage(
+      { type: "load", tokenizerJson, tokenizerConfig, markup } satisfies TokenizerRequest,
+    );
   }
 
   #fail(error: Error) {
@@ -77,13 +80,18 @@ class TokenizerClient {
     this.#waiting.clear();
   }
 
-  /** The ids of `text`, as `Tokenizer.encode` gives them. */
-  encode(text: string, addSpecialTokens: boolean): Promise<number[]> {
+  /**
+   * The ids of `text`, as `Tokenizer.encode` gives them; `plain`: of its fragments (see
+   * `Markup.fragments`), one after the other.
+   */
+  encode(text: string, addSpecialTokens: boolean, plain = false): Promise<number[]> {
     if (this.#failed) return Promise.reject(this.#failed);
     const id = this.#next++;
     return new Promise((resolve, reject) => {
       this.#waiting.set(id, { resolve, reject });
-      this.#worker.postMessage({ type: "encode", id, text, addSpecialTokens } satisfies TokenizerRequest);
+      this.#worker.postMessage(
+        { type: "encode", id, text, addSpecialTokens, plain } satisfies TokenizerRequest,
+      );
     });
   }
 
@@ -268,10 +276,19 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   }
 
   async tokenize(text: string): Promise<number[]> {
-    const fragments = this.#markup.fragments(text);
-    if (fragments.length === 1) return this.completeTokens(await this.#encode(text, true));
+    if (!this.#markup.holdsCut(text)) return this.completeTokens(await this.#encode(text, true));
+    // Client text holding markup strings: its fragments, each without special tokens (a text cut
+    // into 800,000 of them is many seconds of the tokenizer: on its worker, or between turns).
     const ids = [...this.#wrap.before];
-    for (const f of fragments) for (const id of await this.#encode(f, false)) ids.push(id);
+    if (text.length > LONG_TEXT) {
+      for (const id of await this.#worker().encode(text, false, true)) ids.push(id);
+    } else {
+      const slices = new Slicer(10);
+      for (const f of this.#markup.fragments(text)) {
+        if (slices.due) await slices.pause();
+        for (const id of this.#tokenizer.encode(f, { add_special_tokens: false }).ids) ids.push(id);
+      }
+    }
     ids.push(...this.#wrap.after);
     return this.completeTokens(ids);
   }
@@ -281,9 +298,13 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     if (text.length <= LONG_TEXT) {
       return this.#tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
     }
+    return await this.#worker().encode(text, addSpecialTokens);
+  }
+
+  /** The tokenizer's worker, started with the first long text. */
+  #worker(): TokenizerClient {
     const { json, config } = this.#tokenizerSource;
-    this.#offThread ??= new TokenizerClient(json, config);
-    return await this.#offThread.encode(text, addSpecialTokens);
+    return this.#offThread ??= new TokenizerClient(json, config, this.#markup.tokens);
   }
 
   detokenize(ids: readonly number[]): string {

@@ -5,11 +5,15 @@
  * the same ids here as there. Messages: see {@link TokenizerRequest} and {@link TokenizerReply}.
  */
 import { Tokenizer } from "@huggingface/tokenizers";
+import { Markup, type MarkupToken } from "../markup.ts";
 
-/** What the engine asks of the worker. */
+/**
+ * What the engine asks of the worker. `plain`: the text is client text, cut into fragments that
+ * hold no markup string (see `Markup.fragments`), each encoded without special tokens.
+ */
 export type TokenizerRequest =
-  | { type: "load"; tokenizerJson: unknown; tokenizerConfig: unknown }
-  | { type: "encode"; id: number; text: string; addSpecialTokens: boolean };
+  | { type: "load"; tokenizerJson: unknown; tokenizerConfig: unknown; markup: readonly MarkupToken[] }
+  | { type: "encode"; id: number; text: string; addSpecialTokens: boolean; plain?: boolean };
 
 /** What the worker answers. */
 export type TokenizerReply =
@@ -17,6 +21,7 @@ export type TokenizerReply =
   | { type: "error"; id: number; message: string };
 
 let tokenizer: Tokenizer | undefined;
+let markup: Markup | undefined;
 
 /** The worker's global scope (Deno's default types describe a window). */
 const scope = self as unknown as {
@@ -28,12 +33,17 @@ scope.onmessage = (e: MessageEvent<TokenizerRequest>) => {
   const req = e.data;
   if (req.type === "load") {
     tokenizer = new Tokenizer(req.tokenizerJson as object, req.tokenizerConfig as object);
+    markup = new Markup(req.markup);
     return;
   }
   try {
-    const ids = Int32Array.from(
-      tokenizer!.encode(req.text, { add_special_tokens: req.addSpecialTokens }).ids,
-    );
+    const out: number[] = [];
+    for (const text of req.plain ? markup!.fragments(req.text) : [req.text]) {
+      for (const id of tokenizer!.encode(text, { add_special_tokens: req.addSpecialTokens }).ids) {
+        out.push(id);
+      }
+    }
+    const ids = Int32Array.from(out);
     scope.postMessage({ type: "ids", id: req.id, ids } satisfies TokenizerReply, [ids.buffer]);
   } catch (err) {
     scope.postMessage(

@@ -160,8 +160,8 @@ export class UpstreamChatEngine implements ChatEngine {
     return e;
   }
 
-  tokenize(): number[] {
-    throw unsupported(this.pool.model, "/tokenize");
+  tokenize(): Promise<number[]> {
+    return Promise.reject(unsupported(this.pool.model, "/tokenize"));
   }
 
   detokenize(): string {
