@@ -70,3 +70,53 @@ serverTest("a long text is tokenized off the event loop on /tokenize and legacy 
     assert.equal(legacy.stalls, 0, `${Object.keys(body).join("+")} held the event loop`);
   }
 });
+
+serverTest(
+  "a million token ids or strings are checked in one pass, and a body only up to its first fault",
+  async () => {
+    // zod checked each id (~75 ms a million) and, in a union that tries an array of strings first,
+    // collected an issue per id: 1.1M ids held the event loop for 1-3 s; a million invalid content
+    // parts took as long to collect an issue each.
+    const ids = Array.from({ length: 1_000_000 }, (_, i) => 9707 + (i % 50));
+    const legacy = await underProbe("/v1/completions", { model: CHAT, max_tokens: 1, prompt: ids });
+    assert.equal(legacy.res.status, 400);
+    assert.match(legacy.res.body.error.message, /the prompt takes 1000000 tokens/);
+    assert.equal(legacy.stalls, 0, "the legacy prompt's ids held the event loop");
+    const embed = await underProbe("/v1/embeddings", {
+      model: "Vendor/Vendor3-Embedding-8B",
+      input: [...ids, "x"],
+    });
+    assert.equal(embed.res.status, 400);
+    assert.equal(embed.res.body.error.param, "input");
+    assert.equal(embed.stalls, 0, "the embedding input's ids held the event loop");
+    const parts = await underProbe("/v1/chat/completions", {
+      model: CHAT,
+      max_tokens: 1,
+      messages: [{ role: "user", content: Array.from({ length: 1_000_000 }, () => "a") }],
+    });
+    assert.equal(parts.res.status, 400);
+    assert.equal(parts.res.body.error.param, "messages[0].content");
+    assert.equal(parts.stalls, 0, "a million invalid content parts held the event loop");
+  },
+);
+
+serverTest("logit_bias takes at most 65,536 entries; a body at most 100,000 arrays and objects", async () => {
+  const bias = Object.fromEntries(Array.from({ length: 65_537 }, (_, i) => [String(i), -1]));
+  const over = await postJson(url("/v1/chat/completions"), {
+    model: CHAT,
+    max_tokens: 1,
+    messages: [{ role: "user", content: "hi" }],
+    logit_bias: bias,
+  }, KEY);
+  assert.equal(over.status, 400);
+  assert.equal(over.body.error.param, "logit_bias");
+  assert.match(over.body.error.message, /more than 65536 entries/);
+  const parts = Array.from({ length: 100_000 }, () => ({ type: "text", text: "a" }));
+  const many = await postJson(url("/v1/chat/completions"), {
+    model: CHAT,
+    max_tokens: 1,
+    messages: [{ role: "user", content: parts }],
+  }, KEY);
+  assert.equal(many.status, 400);
+  assert.equal(many.body.error.code, "json_too_large");
+});
