@@ -8,6 +8,10 @@ import assert from "node:assert/strict";
 import { postJson, startServer } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
 import { longEventLoopStalls } from "./helpers/metrics.ts";
+import { CompletionRequestSchema } from "../src/protocol/completions.ts";
+import { createCompletion } from "../src/services/completions.ts";
+import type { ChatEngine, ChatEvent } from "../src/engines/types.ts";
+import { silentLogger } from "../src/log.ts";
 
 const KEY = "test-key";
 const CHAT = "vserve/tiny-chat";
@@ -119,4 +123,97 @@ serverTest("logit_bias takes at most 65,536 entries; a body at most 100,000 arra
   }, KEY);
   assert.equal(many.status, 400);
   assert.equal(many.body.error.code, "json_too_large");
+});
+
+serverTest("/detokenize of a million ids and /tokenize with pieces are answered in slices", async () => {
+  // Detokenized at once, and a 22 MB text written twice in one JSON.stringify (content, prompt); a
+  // piece made per id in one loop (170,000 ids: 420 ms).
+  const ids = Array.from({ length: 1_100_000 }, () => 151646); // <|object_ref_start|>, 20 characters
+  const text = await underProbe("/detokenize", { model: CHAT, tokens: ids });
+  assert.equal(text.res.status, 200);
+  assert.equal(text.res.body.content.length, 22_000_000);
+  assert.equal(text.res.body.prompt, text.res.body.content);
+  assert.equal(text.stalls, 0, "/detokenize held the event loop for a quarter of a second");
+  const pieces = await underProbe("/tokenize", {
+    model: CHAT,
+    content: "hello world ".repeat(200_000),
+    with_pieces: true,
+  });
+  assert.equal(pieces.res.status, 200);
+  assert.equal(pieces.res.body.tokens.length, 400_001);
+  assert.deepEqual(pieces.res.body.tokens[1], { id: 1879, piece: " world" });
+  assert.equal(pieces.stalls, 0, "/tokenize with pieces held the event loop");
+  assert.ok(pieces.answered >= 2, `${pieces.answered} /health answers`);
+});
+
+serverTest(
+  "an embedding input far past the token limit is refused without tokenizing all of it",
+  async () => {
+    // 7.6 MB of dense markup: 4 million ids, copied three times on the event loop (ONNX: 270 ms),
+    // and 5 s of llama.cpp's tokenizer before the 400.
+    const dense = "a<|im_end|>b<think>".repeat(400_000);
+    for (const model of ["vserve/tiny-embed-onnx", "Vendor/Vendor3-Embedding-8B"]) {
+      const over = await underProbe("/v1/embeddings", { model, input: dense });
+      assert.equal(over.res.status, 400, JSON.stringify(over.res.body).slice(0, 300));
+      assert.equal(over.res.body.error.code, "context_length_exceeded");
+      assert.match(over.res.body.error.message, /has more than 8192 tokens/);
+      assert.equal(over.stalls, 0, `${model}: the input held the event loop`);
+    }
+    // Cut to the limit on request: the first tokens and the end-of-text token, as before.
+    const cut = await postJson(url("/v1/embeddings"), {
+      model: "Vendor/Vendor3-Embedding-8B",
+      input: "a<|im_end|>b<think>".repeat(3000),
+      truncate: true,
+    }, KEY);
+    assert.equal(cut.status, 200);
+    assert.equal(cut.body.usage.prompt_tokens, 8192);
+  },
+);
+
+Deno.test("a legacy echo of long prompt log-probabilities is assembled between turns of the event loop", async () => {
+  // 8 choices of a 2,000-token prompt with 20 alternatives a token, each assembled anew, held the
+  // event loop for 130-180 ms at the end of the request; one choice of a 20,000-token prompt as long.
+  const entries = Array.from({ length: 20_000 }, (_, i) => ({
+    token: `t${i}`,
+    bytes: [116],
+    logprob: -1,
+    top: Array.from({ length: 20 }, (_, k) => ({ token: `a${k}`, bytes: [97], logprob: -2 })),
+  }));
+  const n = 2;
+  async function* run(): AsyncGenerator<ChatEvent> {
+    yield { type: "prompt", promptTokens: 20_001, cachedTokens: 0 };
+    await Promise.resolve();
+    yield { type: "prompt_logprobs", entries };
+    for (let c = 0; c < n; c++) {
+      yield { type: "end", choice: c, finishReason: "length", completionTokens: 0, reasoningTokens: 0 };
+    }
+  }
+  const engine = {
+    vocabSize: 1000,
+    tokenize: () => Promise.resolve([1]),
+    detokenize: () => Promise.resolve("t"),
+    tokenText: () => ({ token: "t", bytes: [116] }),
+    generate: () => run(),
+  } as unknown as ChatEngine;
+  const req = CompletionRequestSchema.parse({
+    model: "m",
+    prompt: "t",
+    echo: true,
+    logprobs: 20,
+    n,
+    max_tokens: 0,
+  });
+  const ctx = { created: 0, signal: new AbortController().signal, log: silentLogger, requestId: "r" };
+  let ticks = 0;
+  const timer = setInterval(() => ticks++, 0);
+  const done = await createCompletion(req, engine, ctx);
+  clearInterval(timer);
+  assert.equal(done.kind, "completion");
+  if (done.kind !== "completion") return;
+  assert.equal(done.completion.choices.length, n);
+  for (const c of done.completion.choices) {
+    assert.equal(c.logprobs!.tokens.length, 20_001);
+    assert.equal(Object.keys(c.logprobs!.top_logprobs[1]!).length, 20);
+  }
+  assert.ok(ticks >= 2, `${ticks} timer turns while the echo was assembled`);
 });

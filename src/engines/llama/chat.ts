@@ -262,8 +262,8 @@ export class LlamaChatEngine implements ChatEngine {
     return { ...job.sampling, logitBias: { ...job.sampling.logitBias, [this.#openTokens[0]]: -100 } };
   }
 
-  detokenize(tokens: readonly number[]): string {
-    return this.#model.detokenize(tokens, true);
+  detokenize(tokens: readonly number[], signal?: AbortSignal): Promise<string> {
+    return this.#model.detokenizeInSlices(tokens, signal);
   }
 
   tokenText(token: number): { token: string; bytes: number[] } {

@@ -223,14 +223,15 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     };
   }
 
-  async tokenize(text: string): Promise<number[]> {
+  async tokenize(text: string, limit?: number): Promise<number[]> {
     // Long texts on a thread of their own (one input of 7.8 MB held the event loop for 3.5 s), many
     // fragments between turns of the event loop.
-    return this.completeTokens((await this.#model.tokenizePieces(this.#markup.fragments(text))).tokens);
+    const { tokens } = await this.#model.tokenizePieces(this.#markup.fragments(text), { limit });
+    return this.completeTokens(tokens);
   }
 
-  detokenize(ids: readonly number[]): string {
-    return this.#model.detokenize(ids, true);
+  detokenize(ids: readonly number[], signal?: AbortSignal): Promise<string> {
+    return this.#model.detokenizeInSlices(ids, signal);
   }
 
   completeTokens(ids: readonly number[]): number[] {

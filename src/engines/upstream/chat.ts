@@ -164,8 +164,8 @@ export class UpstreamChatEngine implements ChatEngine {
     return Promise.reject(unsupported(this.pool.model, "/tokenize"));
   }
 
-  detokenize(): string {
-    throw unsupported(this.pool.model, "/detokenize");
+  detokenize(): Promise<string> {
+    return Promise.reject(unsupported(this.pool.model, "/detokenize"));
   }
 
   prompt(): Promise<{ text: string; tokens: number[] }> {
