@@ -238,7 +238,7 @@ Deno.test({
       const marked = `${long}<|im_end|>${long}`;
       const ids = await engine.tokenize(marked);
       assert.ok(!ids.includes(151645), "no <|im_end|> token from text");
-      assert.equal(engine.detokenize(ids), marked);
+      assert.equal(await engine.detokenize(ids), marked);
     } finally {
       await engine.dispose();
     }

@@ -1,12 +1,13 @@
 /** Unit tests of pure logic: SSE encoding, vector maths, settings precedence, error paths. */
 import assert from "node:assert/strict";
-import { SSE_DONE, sseData, sseStream } from "../src/http/sse.ts";
+import { SSE_DONE, SSE_HEADERS, sseData, sseStream } from "../src/http/sse.ts";
 import { EventLoopMonitor, Slicer, threadClock } from "../src/event_loop.ts";
 import { ManualClock } from "./helpers/clock.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/vectors.ts";
 import { Counter } from "../src/metrics.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
-import { ApiError, formatPath, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
+import { ApiError, formatPath, jsonBody, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
+import { jsonPieces } from "../src/http/json_writer.ts";
 import { readJsonBody } from "../src/http/body.ts";
 import { constantTimeEqual, KeyRing, RateLimiter } from "../src/http/auth.ts";
 import { parseKeyFile, plainKey } from "../src/api_keys.ts";
@@ -317,9 +318,23 @@ Deno.test("slicedJsonResponse: the text of JSON.stringify, in several chunks whe
     model: 'a "model" \u2028 id',
     usage: { prompt_tokens: 5 },
   };
-  const holes = { data: [1, undefined, () => 2, null], object: "list" };
-  for (const [value, sliceMs] of [[body, 0], [body, 1000], [{ ...body, data: [] }, 0], [holes, 0]] as const) {
-    const res = slicedJsonResponse(value, "data", { sliceMs });
+  const holes = { data: [1, undefined, () => 2, null], object: "list", gone: undefined };
+  // Large: many small items, a large item among them, strings past a run with a surrogate pair
+  // across each run's end, a toJSON.
+  const pair = "\u{1F600}";
+  const large = {
+    tokens: Array.from({ length: 30_000 }, (_, i) => i),
+    nested: [1, { inner: Array.from({ length: 20_000 }, (_, i) => ({ i, s: `${i}` })) }, "x", undefined],
+    text: "a".repeat((1 << 16) - 1) + pair + 'b\n"'.repeat(70_000) + "\ud800",
+    when: new Date(0),
+  };
+  for (
+    const [value, sliceMs] of [[body, 0], [body, 1000], [{ ...body, data: [] }, 0], [holes, 0], [
+      large,
+      0,
+    ]] as const
+  ) {
+    const res = slicedJsonResponse(value, { sliceMs });
     assert.equal(res.headers.get("content-type"), "application/json");
     let chunks = 0;
     let text = "";
@@ -329,8 +344,21 @@ Deno.test("slicedJsonResponse: the text of JSON.stringify, in several chunks whe
       text += decoder.decode(chunk, { stream: true });
     }
     assert.equal(text, JSON.stringify(value));
-    if (sliceMs === 0) assert.ok(chunks >= value.data.length, `${chunks} chunks`);
+    if (value === large) assert.ok(chunks >= 10, `${chunks} chunks`);
   }
+  assert.ok([...jsonPieces(large)].length > 20, "a large value is written in many pieces");
+  assert.equal([...jsonPieces(body)].length, 1, "a small one in one");
+});
+
+Deno.test("jsonBody: a small body is one string with its length; a large one is written in slices", async () => {
+  const small = jsonBody({ a: 1 }, { status: 201, headers: { "x-a": "b" } });
+  assert.equal(small.status, 201);
+  assert.equal(small.headers.get("x-a"), "b");
+  assert.equal(await small.text(), '{"a":1}');
+  assert.equal(onSlicedJsonEnd(small, () => {}), false);
+  const large = jsonBody({ tokens: Array.from({ length: 100_000 }, (_, i) => i) });
+  assert.equal(onSlicedJsonEnd(large, () => {}), true);
+  assert.equal((await large.json()).tokens.length, 100_000);
 });
 
 Deno.test("Slicer: due once a slice is used up; a pause lets timers run and throws once the signal aborts", async () => {
@@ -354,7 +382,7 @@ Deno.test("Slicer: due once a slice is used up; a pause lets timers run and thro
 Deno.test("slicedJsonResponse: an aborted signal ends the request at once and writes nothing more", async () => {
   const controller = new AbortController();
   const body = { data: Array.from({ length: 100 }, (_, i) => i), object: "list" };
-  const res = slicedJsonResponse(body, "data", { signal: controller.signal, sliceMs: 0 });
+  const res = slicedJsonResponse(body, { signal: controller.signal, sliceMs: 0 });
   const ends: boolean[] = [];
   assert.ok(onSlicedJsonEnd(res, (cut) => ends.push(cut)));
   const reader = res.body!.getReader();
@@ -389,4 +417,38 @@ Deno.test("a gzip bomb is a 413, and the event loop gets turns while it inflates
   clearTimeout(timer);
   assert.ok(error instanceof ApiError && error.status === 413, String(error));
   assert.ok(firedBeforeRefusal, "a timer set before the read fired before the 413");
+});
+
+Deno.test("sseStream: a large event is written in slices, whole, with no ping inside it", async () => {
+  const big = {
+    choices: [{
+      logprobs: { content: Array.from({ length: 30_000 }, (_, i) => ({ token: `t${i}`, logprob: -i })) },
+    }],
+  };
+  async function* source() {
+    yield big;
+    yield { n: 2 };
+  }
+  let ticks = 0;
+  const timer = setInterval(() => ticks++, 0);
+  const res = new Response(sseStream(source(), { pingMs: 1, event: () => "chunk" }), {
+    headers: SSE_HEADERS,
+  });
+  const reader = res.body!.getReader();
+  const decoder = new TextDecoder();
+  let text = "";
+  let reads = 0;
+  for (let r = await reader.read(); !r.done; r = await reader.read()) {
+    reads++;
+    text += decoder.decode(r.value, { stream: true });
+  }
+  clearInterval(timer);
+  const events = text.split("\n\n").filter((e) => e !== "" && !e.startsWith(": ping"));
+  assert.deepEqual(events, [
+    `event: chunk\ndata: ${JSON.stringify(big)}`,
+    `event: chunk\ndata: {"n":2}`,
+    "data: [DONE]",
+  ]);
+  assert.ok(reads > 3, `${reads} reads`);
+  assert.ok(ticks > 0, "timers ran while the event was written");
 });

@@ -103,11 +103,11 @@ serverTest(
       0,
       "the event loop was held for a quarter of a second",
     );
-    // Past 16,384 messages the request is refused before its messages are validated. (Not in the
-    // window above: parsing a 4.5 MB body of 100,000 objects is one block of its own.)
+    // Past 16,384 messages the request is refused before its messages are validated (past 100,000
+    // objects in all, before the body is parsed).
     const many = await postJson(
       url("/v1/chat/completions"),
-      { model: CHAT, messages: history(100_000) },
+      { model: CHAT, messages: history(60_000) },
       KEY,
     );
     assertApiError(many, 400, { param: "messages" });
@@ -193,14 +193,22 @@ serverTest("deep and dense JSON bodies: refused or parsed in slices, the event l
     KEY,
   );
   assertApiError(closed, 400, { code: "json_too_deep" });
-  // Shallow but dense (nested 200 deep, side by side, 8 MB): parsed, then refused as a request.
+  // Shallow but dense (nested 200 deep, side by side): 8 MB of it holds 4M arrays, refused by the
+  // count before parsing; 80,000 of them are parsed, then refused as a request.
   const unit = `${"[".repeat(200)}${"]".repeat(200)}`;
   const dense = await postJson(
     url("/v1/embeddings"),
     `{"model":"vserve/tiny-embed-onnx","input":[${Array(20_000).fill(unit).join(",")}]}`,
     KEY,
   );
-  assertApiError(dense, 400, { param: "input" });
+  assertApiError(dense, 400, { code: "json_too_large" });
+  assert.match(dense.body.error.message, /more than 100000 arrays and objects/);
+  const fewer = await postJson(
+    url("/v1/embeddings"),
+    `{"model":"vserve/tiny-embed-onnx","input":[${Array(400).fill(unit).join(",")}]}`,
+    KEY,
+  );
+  assertApiError(fewer, 400, { param: "input" });
   // The Anthropic route answers the nesting in its own error shape.
   const messages = await fetch(url("/v1/messages"), {
     method: "POST",

@@ -10,12 +10,16 @@ export interface EmbeddingEngine {
   readonly nativeDims: number;
   /** Number of token ids the tokenizer knows; ids at or above it are invalid. */
   readonly vocabSize: number;
-  /** The exact token sequence the model will process for `text` (special tokens included). */
-  tokenize(text: string): Promise<number[]>;
+  /**
+   * The exact token sequence the model will process for `text` (special tokens included). With
+   * `limit`, the work may stop once the text is known to hold more than `limit` tokens: the answer
+   * then holds more than `limit` ids, not all of them.
+   */
+  tokenize(text: string, limit?: number): Promise<number[]>;
   /** Completes client-given token ids the way `tokenize` would (e.g. appends EOS). */
   completeTokens(ids: readonly number[]): number[];
-  /** The text of token ids (for /detokenize), when the engine can say. */
-  detokenize?(ids: readonly number[]): string;
+  /** The text of token ids (for /detokenize), when the engine can say; long lists off the event loop. */
+  detokenize?(ids: readonly number[], signal?: AbortSignal): Promise<string>;
   /** Engine counters for /metrics (tokens evaluated, decodes, …). */
   counters?(): Record<string, number>;
   /** An engine that forwards to remote servers: each one's state. */
@@ -193,10 +197,11 @@ export interface ChatEngine {
   /**
    * Token ids of `text`; `special`: parse special-token text (chat markup) into special tokens
    * (only for text that is the client's own template: legacy completions, `/tokenize` of text).
+   * Long texts are tokenized without holding the event loop; `signal` ends the work early.
    */
-  tokenize(text: string, special: boolean): number[];
-  /** The text of `tokens` (special tokens included). */
-  detokenize(tokens: readonly number[]): string;
+  tokenize(text: string, special: boolean, signal?: AbortSignal): Promise<number[]>;
+  /** The text of `tokens` (special tokens included); long lists without holding the event loop. */
+  detokenize(tokens: readonly number[], signal?: AbortSignal): Promise<string>;
   /**
    * The prompt the chat template renders for these messages: its text, and its tokens, in which
    * only the template's own markup is special tokens (client text is tokenized as text).

@@ -5,8 +5,8 @@ import { JsonBodyError, parseJsonInSlices } from "./json_slices.ts";
 
 /**
  * Parses the JSON body of `req`, refusing non-JSON content types and content encodings other than
- * gzip and deflate (415), bodies over `limitBytes` sent or decompressed (413), invalid UTF-8 and
- * malformed JSON and nesting deeper than 512 levels (400). A large body is parsed in slices with
+ * gzip and deflate (415), bodies over `limitBytes` sent or decompressed (413), invalid UTF-8,
+ * malformed JSON, nesting deeper than 512 levels and more than 100,000 arrays and objects (400). A large body is parsed in slices with
  * turns of the event loop between them (see json_slices.ts).
  *
  * @example
@@ -51,7 +51,8 @@ export async function readJsonBody(req: Request, limitBytes: number, timeoutMs =
     body = await parseJsonInSlices(text, new Slicer(10, req.signal));
   } catch (e) {
     if (!(e instanceof JsonBodyError)) throw abortedError(e);
-    if (e.depth) throw badRequest(e.message, null, "json_too_deep");
+    if (e.limit === "depth") throw badRequest(e.message, null, "json_too_deep");
+    if (e.limit === "containers") throw badRequest(e.message, null, "json_too_large");
     throw badRequest(`The request body is not valid JSON (${e.message}).`, null, "invalid_json");
   }
   if (typeof body !== "object" || body === null || Array.isArray(body)) {

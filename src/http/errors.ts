@@ -4,6 +4,7 @@
  */
 import type { z } from "zod";
 import { Slicer } from "../event_loop.ts";
+import { isSmallJson, jsonPieces } from "./json_writer.ts";
 import type { ApiErrorType, ErrorBody } from "../protocol/ops.ts";
 import type { EngineUpstreamError } from "../engines/types.ts";
 
@@ -110,26 +111,43 @@ export function jsonResponse(
 }
 
 /**
- * A JSON response whose array `body[key]` is serialised a slice at a time (about `sliceMs` of work
- * each, with a timer turn between slices), so a large body (2,000 vectors of 4,096 floats: 175 MB
- * of JSON, 0.6 s of `JSON.stringify`) never holds the event loop. The text is that of
- * `JSON.stringify(body)` for plain data (items with a `toJSON` of their own get no index).
+ * A JSON response for `body` however large: at most a few thousand values are one `JSON.stringify`
+ * here; a larger body is written a slice at a time (about `sliceMs` of work each, with a timer turn
+ * between slices; see json_writer.ts), so that it never holds the event loop (2,000 vectors of 4,096
+ * floats: 175 MB of JSON, 0.6 s of `JSON.stringify`). The text is that of `JSON.stringify(body)`.
  *
  * @example
  * ```ts
- * const items = Array.from({ length: 100 }, (_, i) => ({ index: i }));
- * const res = slicedJsonResponse({ object: "list", data: items, model: "m" }, "data");
+ * const items = Array.from({ length: 100_000 }, (_, i) => ({ index: i }));
+ * const res = jsonBody({ object: "list", data: items, model: "m" });
  * await res.text(); // the text of JSON.stringify, written a slice at a time
  * ```
  */
-export function slicedJsonResponse<T extends object>(
-  body: T,
-  key: keyof T & string,
-  opts: { signal?: AbortSignal; sliceMs?: number } = {},
+export function jsonBody(
+  body: unknown,
+  opts: { status?: number; headers?: Record<string, string>; signal?: AbortSignal; sliceMs?: number } = {},
 ): Response {
-  const items = body[key] as unknown[];
-  const marker = `"${crypto.randomUUID()}"`;
-  const [head, tail] = JSON.stringify({ ...body, [key]: JSON.parse(marker) }).split(marker);
+  if (isSmallJson(body, SMALL_BODY)) return jsonResponse(body, opts.status, opts.headers);
+  return slicedJsonResponse(body, opts);
+}
+
+/** Work units of a body sent with one `JSON.stringify` (a few milliseconds at most). */
+const SMALL_BODY = 16_384;
+
+/**
+ * A JSON response written a slice at a time (see {@link jsonBody}, which sends small bodies whole).
+ *
+ * @example
+ * ```ts
+ * const res = slicedJsonResponse({ data: [1, 2, 3] }, { sliceMs: 0 });
+ * await res.text(); // '{"data":[1,2,3]}'
+ * ```
+ */
+export function slicedJsonResponse(
+  body: unknown,
+  opts: { status?: number; headers?: Record<string, string>; signal?: AbortSignal; sliceMs?: number } = {},
+): Response {
+  const pieces = jsonPieces(body);
   const encoder = new TextEncoder();
   const slices = new Slicer(opts.sliceMs ?? 10, opts.signal);
   const ending: Ending = { ended: false, cut: false };
@@ -145,7 +163,7 @@ export function slicedJsonResponse<T extends object>(
   // or the process's exit). Not failed: Deno.serve prints a failed body's reason to stderr.
   const onAbort = () => end(true);
   opts.signal?.addEventListener("abort", onAbort, { once: true });
-  let next = 0;
+  let started = false;
   let written = false;
   // High-water mark 0: a slice is made when the network takes one, and the end comes with the read
   // after the last slice, so a body is not "ended" while its last slice still waits to be sent.
@@ -161,26 +179,34 @@ export function slicedJsonResponse<T extends object>(
         return;
       }
       try {
-        if (next > 0) await slices.pause();
+        if (started) await slices.pause();
       } catch {
         return; // aborted: onAbort ended the request
       }
-      let text = next === 0 ? `${head}[` : "";
-      // At least one item a slice, however short the slices.
-      const first = next;
-      for (; next < items.length && (next === first || !slices.due); next++) {
-        text += `${next > 0 ? "," : ""}${JSON.stringify(items[next]) ?? "null"}`;
+      started = true;
+      // At least one piece a slice, however short the slices.
+      let text = "";
+      let first = true;
+      for (;;) {
+        if (!first && slices.due) break;
+        first = false;
+        const next = pieces.next();
+        if (next.done) {
+          written = true;
+          break;
+        }
+        text += next.value;
       }
-      if (next === items.length) {
-        controller.enqueue(encoder.encode(`${text}]${tail}`));
-        written = true;
-      } else controller.enqueue(encoder.encode(text));
+      controller.enqueue(encoder.encode(text));
     },
     cancel() {
       end(true);
     },
   }, { highWaterMark: 0 });
-  const res = new Response(stream, { status: 200, headers: { "content-type": "application/json" } });
+  const res = new Response(stream, {
+    status: opts.status ?? 200,
+    headers: { "content-type": "application/json", ...opts.headers },
+  });
   slicedBodies.set(res, ending);
   return res;
 }

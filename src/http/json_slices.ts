@@ -14,14 +14,22 @@ import type { Slicer } from "../event_loop.ts";
 /** Nesting of arrays and objects accepted (a 64-level schema inside a request is well below it). */
 export const MAX_JSON_DEPTH = 512;
 
+/**
+ * Arrays and objects accepted in one body: far more than any conversation, tool list or schema
+ * holds (16,384 messages with a few parts each, a schema's 10,000 values), and what checking a
+ * body's fields costs stays within a slice: zod took 50-160 ms for 300,000 content parts, 90 ms
+ * for 180,000 tools.
+ */
+export const MAX_JSON_CONTAINERS = 100_000;
+
 /** Most characters one `JSON.parse` is given in a large body (~5 ms of the densest JSON). */
 const PIECE = 32 * 1024;
 /** Characters scanned between two looks at the clock. */
 const STEP = 1 << 16;
 
-/** A body that is not JSON, or nests too deep (`depth`). */
+/** A body that is not JSON, or past a limit: nesting too deep, too many arrays and objects. */
 export class JsonBodyError extends Error {
-  constructor(message: string, readonly depth = false) {
+  constructor(message: string, readonly limit?: "depth" | "containers") {
     super(message);
   }
 }
@@ -35,7 +43,8 @@ function isSpace(c: number): boolean {
 
 /**
  * Parses `text` as `JSON.parse` does, pausing through `slices`; throws {@link JsonBodyError} for
- * nesting deeper than `maxDepth` (found before any parsing) and for text that is not JSON.
+ * nesting deeper than `maxDepth` or more than `maxContainers` arrays and objects (found before any
+ * parsing) and for text that is not JSON.
  *
  * @example
  * ```ts
@@ -48,8 +57,9 @@ export async function parseJsonInSlices(
   text: string,
   slices: Slicer,
   maxDepth = MAX_JSON_DEPTH,
+  maxContainers = MAX_JSON_CONTAINERS,
 ): Promise<unknown> {
-  const big = await scan(text, slices, maxDepth);
+  const big = await scan(text, slices, maxDepth, maxContainers);
   if (text.length <= 2 * PIECE) return parsePiece(text, 0);
   if (typeof big === "string") throw new JsonBodyError(big);
   let s = 0, e = text.length;
@@ -62,10 +72,16 @@ export async function parseJsonInSlices(
  * One pass over `text`: the nesting depth outside strings (throws past `maxDepth`), and where each
  * container longer than {@link PIECE} ends, by where it starts; or what is wrong with the brackets.
  */
-async function scan(text: string, slices: Slicer, maxDepth: number): Promise<Map<number, number> | string> {
+async function scan(
+  text: string,
+  slices: Slicer,
+  maxDepth: number,
+  maxContainers: number,
+): Promise<Map<number, number> | string> {
   const opens = new Int32Array(maxDepth + 1);
   const big = new Map<number, number>();
   let depth = 0;
+  let containers = 0;
   let fault: string | undefined;
   const n = text.length;
   let look = STEP;
@@ -91,7 +107,13 @@ async function scan(text: string, slices: Slicer, maxDepth: number): Promise<Map
       if (depth >= maxDepth) {
         throw new JsonBodyError(
           `The request body nests arrays and objects more than ${maxDepth} levels deep (at character ${i}).`,
-          true,
+          "depth",
+        );
+      }
+      if (++containers > maxContainers) {
+        throw new JsonBodyError(
+          `The request body holds more than ${maxContainers} arrays and objects (at character ${i}).`,
+          "containers",
         );
       }
       opens[depth++] = i;

@@ -1,4 +1,6 @@
 /** Server-sent events: `data: <json>\n\n` frames, comment pings and the `[DONE]` terminator. */
+import { Slicer } from "../event_loop.ts";
+import { isSmallJson, jsonPieces } from "./json_writer.ts";
 
 const encoder = new TextEncoder();
 
@@ -12,8 +14,42 @@ export const SSE_HEADERS: Record<string, string> = {
 
 /** One `data:` event carrying `payload` as JSON (named by an `event:` line when `name` is given). */
 export function sseData(payload: unknown, name?: string): Uint8Array {
-  const head = name ? `event: ${name.replace(/[\r\n]+/g, " ")}\n` : "";
-  return encoder.encode(`${head}data: ${JSON.stringify(payload)}\n\n`);
+  return encoder.encode(`${eventHead(name)}${JSON.stringify(payload)}\n\n`);
+}
+
+function eventHead(name: string | undefined): string {
+  return `${name ? `event: ${name.replace(/[\r\n]+/g, " ")}\n` : ""}data: `;
+}
+
+/** Work units of an event's payload written with one `JSON.stringify` (see json_writer.ts). */
+const SMALL_EVENT = 16_384;
+
+/**
+ * Enqueues the event of `payload`: at once when it is small, else its JSON a slice at a time with
+ * turns of the event loop between slices (an echoed prompt's 8,000 log-probabilities of 20
+ * alternatives each took 110 ms to stringify), until `stopped` says the stream ended.
+ */
+async function enqueueEvent(
+  controller: ReadableStreamDefaultController<Uint8Array>,
+  payload: unknown,
+  name: string | undefined,
+  stopped: () => boolean,
+): Promise<void> {
+  if (isSmallJson(payload, SMALL_EVENT)) {
+    controller.enqueue(sseData(payload, name));
+    return;
+  }
+  const slices = new Slicer(10);
+  let text = eventHead(name);
+  for (const piece of jsonPieces(payload)) {
+    text += piece;
+    if (!slices.due) continue;
+    controller.enqueue(encoder.encode(text));
+    text = "";
+    await slices.pause();
+    if (stopped()) return;
+  }
+  controller.enqueue(encoder.encode(`${text}\n\n`));
 }
 
 /** The terminal `data: [DONE]` event of OpenAI streams. */
@@ -60,6 +96,8 @@ export function sseStream<T>(
     Object.assign(ending, { ended: true, cut });
     ending.done?.(cut);
   };
+  /** An event is being written in slices: a ping now would land inside it. */
+  let writing = false;
   const stop = () => {
     finished = true;
     if (ping !== undefined) clearInterval(ping);
@@ -68,7 +106,7 @@ export function sseStream<T>(
     start(controller) {
       if (opts.pingMs) {
         ping = setInterval(() => {
-          if (!finished) controller.enqueue(opts.ping ?? sseComment("ping"));
+          if (!finished && !writing) controller.enqueue(opts.ping ?? sseComment("ping"));
         }, opts.pingMs);
       }
     },
@@ -82,7 +120,12 @@ export function sseStream<T>(
           controller.close();
           settle(false);
         } else {
-          controller.enqueue(sseData(next.value, opts.event?.(next.value)));
+          writing = true;
+          try {
+            await enqueueEvent(controller, next.value, opts.event?.(next.value), () => finished);
+          } finally {
+            writing = false;
+          }
         }
       } catch (e) {
         if (finished) return;

@@ -4,7 +4,7 @@
  * are ignored; what this server accepts but does not act on is said field by field.
  */
 import { z } from "zod";
-import { MAX_MESSAGES, ModelIdSchema } from "./common.ts";
+import { LogitBiasSchema, MAX_MESSAGES, ModelIdSchema } from "./common.ts";
 
 /** `cache_control` on a block or tool: accepted and ignored (prompt reuse here is automatic). */
 const CacheControl = z.looseObject({ type: z.string() }).nullish();
@@ -200,10 +200,7 @@ export const MessagesRequestSchema = z.object({
   /** Extension (llama-server): a fixed seed. */
   seed: z.number().int().nullish(),
   /** Extension, as on chat completions: token id → bias from -100 (never) to 100. */
-  logit_bias: z.record(
-    z.string().regex(/^\d+$/, "logit_bias keys are token ids"),
-    z.number().min(-100).max(100),
-  ).nullish(),
+  logit_bias: LogitBiasSchema.nullish(),
 });
 export type MessagesRequest = z.infer<typeof MessagesRequestSchema>;
 

@@ -1,6 +1,6 @@
 /** `POST /v1/chat/completions`: request, response and stream chunk, as the OpenAI v1 family shapes them. */
 import { z } from "zod";
-import { CompletionUsageSchema, MAX_MESSAGES, ModelIdSchema } from "./common.ts";
+import { CompletionUsageSchema, LogitBiasSchema, MAX_MESSAGES, ModelIdSchema } from "./common.ts";
 
 export { MAX_MESSAGES };
 
@@ -111,10 +111,7 @@ export const ChatRequestSchema = z.object({
   }).nullish(),
   seed: z.number().int().nullish(),
   /** Token id (as a string key) → bias from -100 (never) to 100 (almost always), as OpenAI defines it. */
-  logit_bias: z.record(
-    z.string().regex(/^\d+$/, "logit_bias keys are token ids"),
-    z.number().min(-100).max(100),
-  ).nullish(),
+  logit_bias: LogitBiasSchema.nullish(),
   n: z.number().int().min(1).max(128).nullish(),
   logprobs: z.boolean().nullish(),
   top_logprobs: z.number().int().min(0).max(20).nullish(),

@@ -1,19 +1,19 @@
 /** `POST /v1/completions` (legacy text completions) and the token utilities, as the v1 family shapes them. */
 import { z } from "zod";
-import { CompletionUsageSchema, ModelIdSchema } from "./common.ts";
+import {
+  CompletionUsageSchema,
+  LogitBiasSchema,
+  ModelIdSchema,
+  stringsSchema,
+  tokenIdListsSchema,
+  tokenIdsSchema,
+} from "./common.ts";
 import { ChatMessageSchema, MAX_MESSAGES, ToolSchema } from "./chat.ts";
-
-const TokenId = z.number().int().min(0);
 
 /** The request body; unknown fields are ignored, `null` means "not given". */
 export const CompletionRequestSchema = z.object({
   model: ModelIdSchema,
-  prompt: z.union([
-    z.string(),
-    z.array(z.string()).min(1),
-    z.array(TokenId).min(1),
-    z.array(z.array(TokenId).min(1)).min(1),
-  ], {
+  prompt: z.union([z.string(), stringsSchema(1), tokenIdsSchema(1), tokenIdListsSchema(1)], {
     error:
       "prompt must be a string, an array of strings, an array of token ids, or an array of token-id arrays",
   }),
@@ -37,11 +37,7 @@ export const CompletionRequestSchema = z.object({
   presence_penalty: z.number().min(-2).max(2).nullish(),
   frequency_penalty: z.number().min(-2).max(2).nullish(),
   repeat_penalty: z.number().min(0).nullish(),
-  logit_bias: z.record(
-    z.string().regex(/^\d+$/, "logit_bias keys are token ids"),
-    z.number().min(-100).max(100),
-  )
-    .nullish(),
+  logit_bias: LogitBiasSchema.nullish(),
   seed: z.number().int().nullish(),
   user: z.string().nullish(),
   cache_prompt: z.boolean().nullish(),
@@ -98,7 +94,7 @@ export type TokenizeRequest = z.infer<typeof TokenizeRequestSchema>;
 /** `POST /detokenize`. */
 export const DetokenizeRequestSchema = z.object({
   model: ModelIdSchema,
-  tokens: z.array(TokenId),
+  tokens: tokenIdsSchema(),
 });
 export type DetokenizeRequest = z.infer<typeof DetokenizeRequestSchema>;
 

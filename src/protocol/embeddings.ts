@@ -1,13 +1,17 @@
 /** `POST /v1/embeddings`: the request and response as the OpenAI v1 family shapes them. */
 import { z } from "zod";
-import { EmbeddingUsageSchema, ModelIdSchema } from "./common.ts";
-
-const TokenId = z.number().int().min(0);
+import {
+  EmbeddingUsageSchema,
+  ModelIdSchema,
+  stringsSchema,
+  tokenIdListsSchema,
+  tokenIdsSchema,
+} from "./common.ts";
 
 /** The request body; unknown fields are ignored. */
 export const EmbeddingsRequestSchema = z.object({
   model: ModelIdSchema,
-  input: z.union([z.string(), z.array(z.string()), z.array(TokenId), z.array(z.array(TokenId))], {
+  input: z.union([z.string(), stringsSchema(), tokenIdsSchema(), tokenIdListsSchema()], {
     error: "input must be a string, an array of strings, an array of token ids, " +
       "or an array of token-id arrays",
   }),

@@ -3,7 +3,7 @@
  * response object and the typed stream events, as the v1 family shapes them.
  */
 import { z } from "zod";
-import { MAX_MESSAGES, ModelIdSchema } from "./common.ts";
+import { LogitBiasSchema, MAX_MESSAGES, ModelIdSchema } from "./common.ts";
 
 const FUNCTION_NAME = /^[a-zA-Z0-9_-]{1,64}$/;
 const NAME_RULE = "function names are 1-64 characters of a-z, A-Z, 0-9, _ and -";
@@ -200,10 +200,7 @@ export const ResponsesRequestSchema = z.object({
   seed: z.number().int().nullish(),
   top_k: z.number().int().min(0).nullish(),
   min_p: z.number().min(0).max(1).nullish(),
-  logit_bias: z.record(
-    z.string().regex(/^\d+$/, "logit_bias keys are token ids"),
-    z.number().min(-100).max(100),
-  ).nullish(),
+  logit_bias: LogitBiasSchema.nullish(),
   chat_template_kwargs: z.looseObject({ enable_thinking: z.boolean().nullish() }).nullish(),
 });
 export type ResponsesRequest = z.infer<typeof ResponsesRequestSchema>;

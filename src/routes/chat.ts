@@ -1,5 +1,5 @@
 /** `POST /v1/chat/completions`: a chat run as HTTP (a `chat.completion`, or an event stream of chunks). */
-import { jsonResponse } from "../http/errors.ts";
+import { jsonBody } from "../http/errors.ts";
 import { SSE_HEADERS, sseStream } from "../http/sse.ts";
 import { ChatRequestSchema } from "../protocol/chat.ts";
 import { type ChatRun, runChat } from "../services/chat.ts";
@@ -21,7 +21,7 @@ export function postChatCompletions(kit: RouteKit): Handler {
     const body = await kit.parse(req, ChatRequestSchema);
     // n choices hold n sequences.
     const { slot, engine } = kit.chatEngine(body.model, ctx, body.n ?? 1);
-    return chatResponse(await runChat(body, engine, kit.chatContext(slot, ctx)));
+    return chatResponse(await runChat(body, engine, kit.chatContext(slot, ctx)), ctx.signal);
   };
 }
 
@@ -29,8 +29,8 @@ export function postChatCompletions(kit: RouteKit): Handler {
  * A chat run as HTTP: JSON, or an SSE stream. Errors found before the first token were thrown (a
  * normal HTTP error); later ones become an error event.
  */
-export function chatResponse(run: ChatRun): Response {
-  if (run.kind === "completion") return jsonResponse(run.completion);
+export function chatResponse(run: ChatRun, signal?: AbortSignal): Response {
+  if (run.kind === "completion") return jsonBody(run.completion, { signal });
   const body = sseStream(run.chunks, {
     pingMs: 15_000,
     onError: (e) => run.toError(e).toBody(),

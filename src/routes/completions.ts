@@ -2,7 +2,7 @@
  * `POST /v1/completions` (legacy text completions): a completions run as HTTP (a `text_completion`,
  * or an event stream of its chunks), from the local engine or relayed to the model's upstreams.
  */
-import { jsonResponse } from "../http/errors.ts";
+import { jsonBody } from "../http/errors.ts";
 import { SSE_HEADERS, sseStream } from "../http/sse.ts";
 import { poolOf } from "../engines/upstream/load.ts";
 import type { Logger } from "../log.ts";
@@ -39,13 +39,18 @@ export function postCompletions(kit: RouteKit): Handler {
     const run = pool
       ? await createRelayedCompletion(body, pool, completionContext)
       : await createCompletion(body, engine, completionContext);
-    return completionResponse(run, deps.log, ctx.id);
+    return completionResponse(run, deps.log, ctx.id, ctx.signal);
   };
 }
 
 /** A completions run as HTTP: JSON, or an event stream of `text_completion` chunks. */
-function completionResponse(run: CompletionRun, log: Logger, requestId: string): Response {
-  if (run.kind === "completion") return jsonResponse(run.completion);
+function completionResponse(
+  run: CompletionRun,
+  log: Logger,
+  requestId: string,
+  signal: AbortSignal,
+): Response {
+  if (run.kind === "completion") return jsonBody(run.completion, { signal });
   const body = sseStream(run.chunks, {
     pingMs: 15_000,
     onError: (e) => {

@@ -85,6 +85,12 @@ export interface Route extends RoutePattern {
   errors?: (e: ApiError, requestId: string) => Response;
 }
 
+/**
+ * Request bodies are checked up to their first fault, the one the error names: zod otherwise goes
+ * on to collect an issue per invalid item (300,000 bad content parts: 0.8-1.4 s on the event loop).
+ */
+const FIRST_ISSUE: z.core.ParseContextInternal<z.core.$ZodIssue> = { abortEarly: true };
+
 /** The steps routes share, bound to the server's dependencies. */
 export type RouteKit = ReturnType<typeof routeKit>;
 
@@ -105,7 +111,7 @@ export function routeKit(deps: ServerDeps) {
   /** The request body read under the body limit and time, parsed by `schema`. */
   const parse = async <S extends z.ZodType>(req: Request, schema: S): Promise<z.infer<S>> => {
     const body = await readJsonBody(req, deps.bodyLimitBytes, deps.bodyTimeoutMs ?? 0);
-    const r = schema.safeParse(body);
+    const r = schema.safeParse(body, FIRST_ISSUE);
     if (!r.success) throw fromZodError(r.error);
     return r.data;
   };

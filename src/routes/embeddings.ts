@@ -2,7 +2,7 @@
  * `POST /v1/embeddings`: an embeddings result as HTTP; past a few dozen vectors the JSON text is
  * serialised in slices, so a large body never holds the event loop.
  */
-import { jsonResponse, slicedJsonResponse } from "../http/errors.ts";
+import { jsonBody } from "../http/errors.ts";
 import { EmbeddingsRequestSchema } from "../protocol/embeddings.ts";
 import { createEmbeddings, type EmbeddingLimits } from "../services/embeddings.ts";
 import { createEntryEmbeddings } from "../services/upstream_embeddings.ts";
@@ -49,10 +49,9 @@ export function postEmbeddings(kit: RouteKit): Handler {
       ? await createEntryEmbeddings(body, engine, limits, ctx.signal, ctx.id)
       : await createEmbeddings(body, engine, limits, ctx.signal);
     ctx.promptTokens = res.usage.prompt_tokens;
-    // Past a few dozen vectors the JSON text is serialised in slices (see slicedJsonResponse).
-    if (res.data.length <= 16) return jsonResponse(res);
     // (A request already cut off gets its error, not a status line and a broken body.)
     ctx.signal.throwIfAborted();
-    return slicedJsonResponse(res, "data", { signal: ctx.signal });
+    // Past a few thousand values the JSON text is written in slices (see jsonBody).
+    return jsonBody(res, { signal: ctx.signal });
   };
 }

@@ -3,7 +3,7 @@
  * `event: <type>` + `data: <json>` frames with `ping` events and no `[DONE]`), and any error as
  * Anthropic's `{"type":"error","error":{type,message},"request_id"}` body.
  */
-import { type ApiError, jsonResponse } from "../http/errors.ts";
+import { type ApiError, jsonBody, jsonResponse } from "../http/errors.ts";
 import { SSE_HEADERS, sseData, sseStream } from "../http/sse.ts";
 import {
   type AnthropicError,
@@ -82,7 +82,7 @@ export async function postMessages(
       tools: run.ignored,
     });
   }
-  if (run.kind === "message") return jsonResponse(run.message, 200, headers);
+  if (run.kind === "message") return jsonBody(run.message, { headers, signal: ctx.signal });
   const body = sseStream(run.events, { pingMs: 15_000, ping: PING, done: false, event: (e) => e.type });
   return new Response(body, { headers: { ...SSE_HEADERS, ...headers } });
 }

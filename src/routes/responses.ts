@@ -3,7 +3,7 @@
  * events with no `[DONE]`), naming the tool types left out of the prompt in a header; and the
  * answer of this stateless server to `GET` / `DELETE /v1/responses/{id}`.
  */
-import { ApiError, jsonResponse } from "../http/errors.ts";
+import { ApiError, jsonBody } from "../http/errors.ts";
 import { SSE_HEADERS, sseStream } from "../http/sse.ts";
 import { ResponsesRequestSchema } from "../protocol/responses.ts";
 import { createResponse, type ResponsesRun } from "../services/responses.ts";
@@ -29,15 +29,16 @@ export function postResponses(kit: RouteKit): Handler {
     const { slot, engine } = kit.chatEngine(body.model, ctx);
     return responsesResponse(
       await createResponse(body, engine, kit.chatContext(slot, ctx), await kit.responsesOptions),
+      ctx.signal,
     );
   };
 }
 
 /** A Responses run as HTTP. */
-function responsesResponse(run: ResponsesRun): Response {
+function responsesResponse(run: ResponsesRun, signal: AbortSignal): Response {
   const headers: Record<string, string> = {};
   if (run.ignored.length > 0) headers[IGNORED_TOOLS_HEADER] = run.ignored.join(", ");
-  if (run.kind === "response") return jsonResponse(run.response, 200, headers);
+  if (run.kind === "response") return jsonBody(run.response, { headers, signal });
   return new Response(sseStream(run.events, { pingMs: 15_000, done: false, event: (e) => e.type }), {
     headers: { ...SSE_HEADERS, ...headers },
   });

@@ -1,5 +1,5 @@
 /** `POST /tokenize` and `/detokenize` (also under `/v1/`), in llama-server's and vLLM's shapes. */
-import { jsonResponse } from "../http/errors.ts";
+import { jsonBody } from "../http/errors.ts";
 import { DetokenizeRequestSchema, TokenizeRequestSchema } from "../protocol/completions.ts";
 import { detokenize, tokenize } from "../services/tokens.ts";
 import type { Handler, RouteKit } from "./context.ts";
@@ -23,13 +23,14 @@ export function postTokenize(kit: RouteKit): Handler {
     kit.allowedSlot(body.model, ctx.key);
     const slot = deps.registry.find(body.model);
     const { engine } = deps.registry.engine(body.model, slot.spec.kind);
-    return jsonResponse(
+    return jsonBody(
       await tokenize(
         body,
         engine,
         slot.spec.kind === "chat" ? slot.spec.thinking : undefined,
         ctx.signal,
       ),
+      { signal: ctx.signal },
     );
   };
 }
@@ -43,6 +44,6 @@ export function postDetokenize(kit: RouteKit): Handler {
     kit.allowedSlot(body.model, ctx.key);
     const slot = deps.registry.find(body.model);
     const { engine } = deps.registry.engine(body.model, slot.spec.kind);
-    return jsonResponse(detokenize(body, engine));
+    return jsonBody(await detokenize(body, engine, ctx.signal), { signal: ctx.signal });
   };
 }

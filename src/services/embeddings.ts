@@ -185,7 +185,8 @@ async function tokenizeEntries(
       if (entry === "") {
         throw badRequest(`${param} is an empty string; every entry needs text.`, param, "invalid_value");
       }
-      ids = await engine.tokenize(entry);
+      // (Past the limit, tokens are only wanted to cut the entry to it.)
+      ids = await engine.tokenize(entry, req.truncate ? undefined : limits.maxInputTokens);
     } else {
       if (entry.length === 0) throw badRequest(`${param} is an empty token array.`, param, "invalid_value");
       const bad = entry.findIndex((t) => t >= engine.vocabSize);
@@ -203,7 +204,8 @@ async function tokenizeEntries(
     if (ids.length > limits.maxInputTokens) {
       if (!req.truncate) {
         throw badRequest(
-          `Entry ${i} of input has ${ids.length} tokens; this model accepts at most ${limits.maxInputTokens} ` +
+          `Entry ${i} of input has more than ${limits.maxInputTokens} tokens; this model accepts at most ` +
+            `${limits.maxInputTokens} ` +
             `per entry. Shorten it, or send "truncate": true to cut it to the limit.`,
           "input",
           "context_length_exceeded",

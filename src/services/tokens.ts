@@ -6,6 +6,7 @@ import { badRequest } from "../http/errors.ts";
 import type { DetokenizeRequest, TokenizeRequest, TokenizeResponse } from "../protocol/completions.ts";
 import type { ChatEngine, EmbeddingEngine } from "../engines/types.ts";
 import { toEngineMessages } from "./chat.ts";
+import { Slicer } from "../event_loop.ts";
 
 export type { TokenizeResponse };
 
@@ -60,11 +61,19 @@ export async function tokenize(
     }, signal));
   } else {
     const text = (req.content ?? req.prompt)!;
-    ids = isChat(engine) ? engine.tokenize(text, special) : await engine.tokenize(text);
+    ids = isChat(engine) ? await engine.tokenize(text, special, signal) : await engine.tokenize(text);
   }
-  const tokens = req.with_pieces && isChat(engine)
-    ? ids.map((id) => ({ id, piece: engine.tokenText(id).token }))
-    : ids;
+  let tokens: TokenizeResponse["tokens"] = ids;
+  if (req.with_pieces && isChat(engine)) {
+    // A piece per id: 170,000 of them took 420 ms in one block.
+    const pieces: { id: number; piece: string }[] = [];
+    const slices = new Slicer(10, signal);
+    for (const id of ids) {
+      if (slices.due) await slices.pause();
+      pieces.push({ id, piece: engine.tokenText(id).token });
+    }
+    tokens = pieces;
+  }
   return {
     tokens,
     count: ids.length,
@@ -84,10 +93,11 @@ export async function tokenize(
  * }
  * ```
  */
-export function detokenize(
+export async function detokenize(
   req: DetokenizeRequest,
   engine: ChatEngine | EmbeddingEngine,
-): { content: string; prompt: string } {
+  signal?: AbortSignal,
+): Promise<{ content: string; prompt: string }> {
   const vocab = engine.vocabSize;
   // An engine without a vocabulary of its own (a remote one) says itself that it cannot detokenize.
   const bad = vocab > 0 ? req.tokens.findIndex((t) => t >= vocab) : -1;
@@ -98,7 +108,9 @@ export function detokenize(
       "invalid_value",
     );
   }
-  const text = isChat(engine) ? engine.detokenize(req.tokens) : engine.detokenize?.(req.tokens);
+  const text = isChat(engine)
+    ? await engine.detokenize(req.tokens, signal)
+    : await engine.detokenize?.(req.tokens, signal);
   if (text === undefined) throw badRequest("This model cannot turn tokens back into text.", "model");
   return { content: text, prompt: text };
 }

@@ -27,7 +27,6 @@ import { DIALECTS, type ToolDialect } from "./dialects/index.ts";
 import { ChatGrammars } from "./chat_grammar.ts";
 import { ChoiceOutput } from "./chat_output.ts";
 import { EventQueue } from "./event_queue.ts";
-import { Slicer } from "../../event_loop.ts";
 import type { ComputeClient } from "../compute_share.ts";
 
 /** How to load a GGUF chat model. */
@@ -262,20 +261,8 @@ export class LlamaChatEngine implements ChatEngine {
     if (model.addBos && model.bos >= 0 && !rendered.text.startsWith(model.detokenize([model.bos]))) {
       tokens.push(model.bos);
     }
-    const slices = new Slicer(10, signal);
-    for (const piece of rendered.pieces) {
-      if (tokens.length > limit) return { text: rendered.text, tokens, complete: false };
-      if (slices.due) await slices.pause();
-      if (typeof piece === "number") tokens.push(piece);
-      else {
-        // About 2-4 ms of llama.cpp's time per 8 KB: longer texts go to a thread of their own.
-        const ids = piece.length > 8192
-          ? await model.tokenizeAsync(piece, false)
-          : model.tokenize(piece, false);
-        for (const id of ids) tokens.push(id);
-      }
-    }
-    return { text: rendered.text, tokens, complete: true };
+    const { complete } = await model.tokenizePieces(rendered.pieces, { signal, limit, into: tokens });
+    return { text: rendered.text, tokens, complete };
   }
 
   /**
@@ -290,8 +277,8 @@ export class LlamaChatEngine implements ChatEngine {
     return { ...job.sampling, logitBias: { ...job.sampling.logitBias, [this.#openTokens[0]]: -100 } };
   }
 
-  detokenize(tokens: readonly number[]): string {
-    return this.#model.detokenize(tokens, true);
+  detokenize(tokens: readonly number[], signal?: AbortSignal): Promise<string> {
+    return this.#model.detokenizeInSlices(tokens, signal);
   }
 
   tokenText(token: number): { token: string; bytes: number[] } {
@@ -300,15 +287,17 @@ export class LlamaChatEngine implements ChatEngine {
 
   /**
    * Tokens of a text: with `special`, special-token strings become their tokens (a raw prompt in the
-   * client's own template); without, all of it is plain text.
+   * client's own template); without, all of it is plain text. Without holding the event loop (see
+   * {@link NativeModel.tokenizePieces}); the special-token strings are found here, in one pass.
    */
-  tokenize(text: string, special = true): number[] {
-    const addBos = this.#model.addBos && this.#model.bos >= 0 &&
-      !text.startsWith(this.#model.detokenize([this.#model.bos]));
-    const ids = special
-      ? this.#model.tokenize(text, true)
-      : this.#template.markup.fragments(text).flatMap((f) => this.#model.tokenize(f, false));
-    return [...(addBos ? [this.#model.bos] : []), ...ids];
+  async tokenize(text: string, special = true, signal?: AbortSignal): Promise<number[]> {
+    const model = this.#model;
+    const tokens = model.addBos && model.bos >= 0 && !text.startsWith(model.detokenize([model.bos]))
+      ? [model.bos]
+      : [];
+    const markup = this.#template.markup;
+    const pieces = special ? markup.specialPieces(text) : markup.fragments(text);
+    return (await model.tokenizePieces(pieces, { signal, into: tokens })).tokens;
   }
 
   async *generate(job: ChatJob, signal: AbortSignal): AsyncGenerator<ChatEvent> {

@@ -223,21 +223,15 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     };
   }
 
-  async tokenize(text: string): Promise<number[]> {
-    const ids: number[] = [];
-    for (const f of this.#markup.fragments(text)) {
-      // About 2-4 ms of llama.cpp's time per 8 KB: longer texts go to a thread of their own (one
-      // input of 7.8 MB held the event loop for 3.5 s).
-      const part = f.length > 8192
-        ? await this.#model.tokenizeAsync(f, false)
-        : this.#model.tokenize(f, false);
-      for (const id of part) ids.push(id);
-    }
-    return this.completeTokens(ids);
+  async tokenize(text: string, limit?: number): Promise<number[]> {
+    // Long texts on a thread of their own (one input of 7.8 MB held the event loop for 3.5 s), many
+    // fragments between turns of the event loop.
+    const { tokens } = await this.#model.tokenizePieces(this.#markup.fragments(text), { limit });
+    return this.completeTokens(tokens);
   }
 
-  detokenize(ids: readonly number[]): string {
-    return this.#model.detokenize(ids, true);
+  detokenize(ids: readonly number[], signal?: AbortSignal): Promise<string> {
+    return this.#model.detokenizeInSlices(ids, signal);
   }
 
   completeTokens(ids: readonly number[]): number[] {

@@ -7,6 +7,7 @@ import type { Logger } from "../../log.ts";
 import type { SessionReply, SessionRequest } from "./session_worker.ts";
 import type { ComputeClient } from "../compute_share.ts";
 import type { TokenizerReply, TokenizerRequest } from "./tokenizer_worker.ts";
+import { Slicer } from "../../event_loop.ts";
 
 /** True when onnxruntime-node's CUDA provider libraries are installed beside its binding. */
 export function cudaProviderInstalled(): boolean {
@@ -45,30 +46,39 @@ const MAX_CREDIT = 2048;
 
 /** Texts longer than this (UTF-16 units) are tokenized on the tokenizer's worker (~1 ms here). */
 const LONG_TEXT = 8192;
+/** Token lists longer than this are turned into text on the tokenizer's worker. */
+const LONG_IDS = 8192;
 
 /**
  * The tokenizer on a worker thread, started with the first long text: one at a time, in order.
  */
 class TokenizerClient {
   readonly #worker: Worker;
-  readonly #waiting = new Map<number, { resolve: (ids: number[]) => void; reject: (e: Error) => void }>();
+  readonly #waiting = new Map<
+    number,
+    { resolve: (reply: number[] | string) => void; reject: (e: Error) => void }
+  >();
   #next = 0;
   #failed?: Error;
 
-  constructor(tokenizerJson: unknown, tokenizerConfig: unknown) {
+  /** `tokenizerPath`: the worker reads `tokenizer.json` itself (posting its 11 MB took this thread 23-70 ms). */
+  constructor(tokenizerPath: string, tokenizerConfig: unknown, markup: readonly MarkupToken[]) {
     this.#worker = new Worker(new URL("./tokenizer_worker.ts", import.meta.url), { type: "module" });
     this.#worker.onmessage = (e: MessageEvent<TokenizerReply>) => {
       const reply = e.data;
       const waiter = this.#waiting.get(reply.id);
       this.#waiting.delete(reply.id);
       if (reply.type === "error") waiter?.reject(new Error(reply.message));
+      else if (reply.type === "text") waiter?.resolve(reply.text);
       else waiter?.resolve(Array.from(reply.ids));
     };
     this.#worker.onerror = (e: ErrorEvent) => {
       e.preventDefault();
       this.#fail(new Error(`the tokenizer worker failed: ${e.message}`));
     };
-    this.#worker.postMessage({ type: "load", tokenizerJson, tokenizerConfig } satisfies TokenizerRequest);
+    this.#worker.postMessage(
+      { type: "load", tokenizerPath, tokenizerConfig, markup } satisfies TokenizerRequest,
+    );
   }
 
   #fail(error: Error) {
@@ -77,13 +87,26 @@ class TokenizerClient {
     this.#waiting.clear();
   }
 
-  /** The ids of `text`, as `Tokenizer.encode` gives them. */
-  encode(text: string, addSpecialTokens: boolean): Promise<number[]> {
+  /**
+   * The ids of `text`, as `Tokenizer.encode` gives them; `plain`: of its fragments (see
+   * `Markup.fragments`), one after the other.
+   */
+  encode(text: string, addSpecialTokens: boolean, plain = false, limit?: number): Promise<number[]> {
+    return this.#ask({ type: "encode", id: 0, text, addSpecialTokens, plain, limit }) as Promise<number[]>;
+  }
+
+  /** The text of `ids`, as `Tokenizer.decode` gives it (special tokens kept). */
+  decode(ids: readonly number[]): Promise<string> {
+    const array = Int32Array.from(ids);
+    return this.#ask({ type: "decode", id: 0, ids: array }, [array.buffer]) as Promise<string>;
+  }
+
+  #ask(req: TokenizerRequest & { type: "encode" | "decode" }, transfer: Transferable[] = []) {
     if (this.#failed) return Promise.reject(this.#failed);
     const id = this.#next++;
-    return new Promise((resolve, reject) => {
+    return new Promise<number[] | string>((resolve, reject) => {
       this.#waiting.set(id, { resolve, reject });
-      this.#worker.postMessage({ type: "encode", id, text, addSpecialTokens } satisfies TokenizerRequest);
+      this.#worker.postMessage({ ...req, id } satisfies TokenizerRequest, transfer);
     });
   }
 
@@ -179,7 +202,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   readonly #session: SessionClient;
   readonly #tokenizer: Tokenizer;
   /** What builds the tokenizer's worker (for texts over {@link LONG_TEXT}), and the worker once built. */
-  readonly #tokenizerSource: { json: unknown; config: unknown };
+  readonly #tokenizerSource: { path: string; config: unknown };
   #offThread?: TokenizerClient;
   /** The tokenizer's added tokens: inputs are text, none of it becomes one of them. */
   readonly #markup: Markup;
@@ -203,7 +226,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     vocabSize: number,
     pad: number,
     markup: MarkupToken[],
-    tokenizerSource: { json: unknown; config: unknown },
+    tokenizerSource: { path: string; config: unknown },
   ) {
     this.#session = session;
     this.#tokenizer = tokenizer;
@@ -253,7 +276,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     // The tokenizer matches every added token in text, special or not.
     const markup = added.map((a) => ({ id: a.id, text: a.content, matchedInText: true }));
     const engine = new OnnxEmbeddingEngine(session, tokenizer, opts, 0, vocabSize, pad, markup, {
-      json: tokenizerJson,
+      path: opts.tokenizerPath,
       config: tokenizerConfig,
     });
     let probe: Float32Array[];
@@ -267,26 +290,41 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     return { engine, provider };
   }
 
-  async tokenize(text: string): Promise<number[]> {
-    const fragments = this.#markup.fragments(text);
-    if (fragments.length === 1) return this.completeTokens(await this.#encode(text, true));
+  async tokenize(text: string, limit?: number): Promise<number[]> {
+    if (!this.#markup.holdsCut(text)) return this.completeTokens(await this.#encode(text, true, limit));
+    // Client text holding markup strings: its fragments, each without special tokens (a text cut
+    // into 800,000 of them is many seconds of the tokenizer: on its worker, or between turns).
     const ids = [...this.#wrap.before];
-    for (const f of fragments) for (const id of await this.#encode(f, false)) ids.push(id);
+    if (text.length > LONG_TEXT) {
+      for (const id of await this.#worker().encode(text, false, true, limit)) ids.push(id);
+    } else {
+      const slices = new Slicer(10);
+      for (const f of this.#markup.fragments(text)) {
+        if (slices.due) await slices.pause();
+        for (const id of this.#tokenizer.encode(f, { add_special_tokens: false }).ids) ids.push(id);
+      }
+    }
     ids.push(...this.#wrap.after);
     return this.completeTokens(ids);
   }
 
   /** `text`'s ids; a long text is tokenized on the tokenizer's worker (the event loop goes on). */
-  async #encode(text: string, addSpecialTokens: boolean): Promise<number[]> {
+  async #encode(text: string, addSpecialTokens: boolean, limit?: number): Promise<number[]> {
     if (text.length <= LONG_TEXT) {
       return this.#tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
     }
-    const { json, config } = this.#tokenizerSource;
-    this.#offThread ??= new TokenizerClient(json, config);
-    return await this.#offThread.encode(text, addSpecialTokens);
+    return await this.#worker().encode(text, addSpecialTokens, false, limit);
   }
 
-  detokenize(ids: readonly number[]): string {
+  /** The tokenizer's worker, started with the first long text. */
+  #worker(): TokenizerClient {
+    const { path, config } = this.#tokenizerSource;
+    return this.#offThread ??= new TokenizerClient(path, config, this.#markup.tokens);
+  }
+
+  async detokenize(ids: readonly number[]): Promise<string> {
+    // (A million ids: seconds of the tokenizer, on its worker.)
+    if (ids.length > LONG_IDS) return await this.#worker().decode(ids);
     return this.#tokenizer.decode([...ids], { skip_special_tokens: false });
   }
 

@@ -160,12 +160,12 @@ export class UpstreamChatEngine implements ChatEngine {
     return e;
   }
 
-  tokenize(): number[] {
-    throw unsupported(this.pool.model, "/tokenize");
+  tokenize(): Promise<number[]> {
+    return Promise.reject(unsupported(this.pool.model, "/tokenize"));
   }
 
-  detokenize(): string {
-    throw unsupported(this.pool.model, "/detokenize");
+  detokenize(): Promise<string> {
+    return Promise.reject(unsupported(this.pool.model, "/detokenize"));
   }
 
   prompt(): Promise<{ text: string; tokens: number[] }> {

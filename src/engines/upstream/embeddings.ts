@@ -95,8 +95,8 @@ export class UpstreamEmbeddingEngine implements EmbeddingEngine {
     return Promise.reject(unsupported(this.pool.model, "/tokenize"));
   }
 
-  detokenize(): string {
-    throw unsupported(this.pool.model, "/detokenize");
+  detokenize(): Promise<string> {
+    return Promise.reject(unsupported(this.pool.model, "/detokenize"));
   }
 
   completeTokens(): number[] {
