@@ -383,7 +383,11 @@ function wordPrompt(model: NativeModel, seed: number, tokens: number): number[] 
 }
 
 /** A scheduler over built-in chat model `name` (4 sequences) and a greedy run of one prompt on it. */
-async function schedulerSetup(name: string, flashAttention?: FlashAttention) {
+async function schedulerSetup(
+  name: string,
+  flashAttention?: FlashAttention,
+  sharePromptChunks?: "measured" | "always",
+) {
   const { lib, path } = await nativeSetup(name);
   const model = await NativeModel.load(lib, path, 0);
   const chunk = 512;
@@ -398,7 +402,12 @@ async function schedulerSetup(name: string, flashAttention?: FlashAttention) {
     flashAttention,
   });
   const batch = new Batch(lib, chunk + 4);
-  const scheduler = new Scheduler(model, ctx, batch, { chunk, maxCheckpoints: 4, checkpointSpacing: 256 });
+  const scheduler = new Scheduler(model, ctx, batch, {
+    chunk,
+    maxCheckpoints: 4,
+    checkpointSpacing: 256,
+    sharePromptChunks,
+  });
   const greedy = {
     temperature: 0,
     topK: 0,
@@ -443,7 +452,8 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
     name:
       `scheduler (${name}): same-length prompts arriving together share one decode, each computed as alone`,
     fn: async () => {
-      const { model, scheduler, run, free } = await schedulerSetup(name);
+      // (Sharing on whenever possible: by default it depends on measured decode times.)
+      const { model, scheduler, run, free } = await schedulerSetup(name, undefined, "always");
       try {
         const prompts = ["river stone light bell", "town hour quiet river", "bell stone town light"]
           .map((t) => model.tokenize(t, false));

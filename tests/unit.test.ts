@@ -431,7 +431,8 @@ Deno.test("sseStream: a large event is written in slices, whole, with no ping in
   }
   let ticks = 0;
   const timer = setInterval(() => ticks++, 0);
-  const res = new Response(sseStream(source(), { pingMs: 1, event: () => "chunk" }), {
+  // (Slices of 0 ms: a turn after every piece, whatever the machine's speed.)
+  const res = new Response(sseStream(source(), { pingMs: 1, event: () => "chunk", sliceMs: 0 }), {
     headers: SSE_HEADERS,
   });
   const reader = res.body!.getReader();

@@ -34,12 +34,13 @@ async function enqueueEvent(
   payload: unknown,
   name: string | undefined,
   stopped: () => boolean,
+  sliceMs = 10,
 ): Promise<void> {
   if (isSmallJson(payload, SMALL_EVENT)) {
     controller.enqueue(sseData(payload, name));
     return;
   }
-  const slices = new Slicer(10);
+  const slices = new Slicer(sliceMs);
   let text = eventHead(name);
   for (const piece of jsonPieces(payload)) {
     text += piece;
@@ -84,6 +85,8 @@ export function sseStream<T>(
     event?: (payload: T) => string | undefined;
     /** What a ping sends (default: a comment line). */
     ping?: Uint8Array;
+    /** Milliseconds of a large event written before a turn of the event loop (default 10). */
+    sliceMs?: number;
   } = {},
 ): ReadableStream<Uint8Array> {
   const end = () => (opts.done === false ? [] : [SSE_DONE]);
@@ -122,7 +125,13 @@ export function sseStream<T>(
         } else {
           writing = true;
           try {
-            await enqueueEvent(controller, next.value, opts.event?.(next.value), () => finished);
+            await enqueueEvent(
+              controller,
+              next.value,
+              opts.event?.(next.value),
+              () => finished,
+              opts.sliceMs,
+            );
           } finally {
             writing = false;
           }

@@ -174,6 +174,12 @@ export interface SchedulerOptions {
   checkpointSpacing: number;
   /** Decode each sequence's next token on its own (for backends that batch sequences wrongly). */
   oneSequencePerDecode?: boolean;
+  /**
+   * Whether same-length prompt chunks of neighbouring sequences share a decode: `measured` (the
+   * default) when the decode times measured so far say it brings first tokens earlier on average
+   * (`#sharingPays`), `always` whenever they can (tests of the batched path).
+   */
+  sharePromptChunks?: "measured" | "always";
   /** Saved sequence states in host memory (absent or disabled: none). */
   promptCache?: PromptCache;
   /** Receives the loop's events (a per-request timeline, for diagnosis; see chat.ts). */
@@ -844,6 +850,7 @@ export class Scheduler {
    * last). Unmeasured: alone.
    */
   #sharingPays(length: number): boolean {
+    if (this.#opts.sharePromptChunks === "always") return true;
     const one = this.#ctx.expectedDecode(1, false);
     const chunk = this.#ctx.expectedDecode(length, false);
     return one.samples > 0 && chunk.samples > 0 && chunk.ms < 2 * one.ms;
