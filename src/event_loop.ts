@@ -291,6 +291,11 @@ export class Slicer {
     this.#since = now();
   }
 
+  /** Starts a new slice now (one slicer reused for many runs of work). */
+  restart(): void {
+    this.#since = this.#now();
+  }
+
   /** Whether the current slice is used up. */
   get due(): boolean {
     return this.#now() - this.#since >= this.#sliceMs;

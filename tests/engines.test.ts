@@ -101,6 +101,35 @@ Deno.test({
 });
 
 Deno.test({
+  name: "embeddings: a short decode tries all threads and one, and both give the same bits",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const engine = await tinyEmbed(undefined, 2);
+    try {
+      const ids = await engine.tokenize("a sentence about rivers");
+      const vectors: Float32Array[] = [];
+      for (let i = 0; i < 10; i++) vectors.push((await engine.embed([ids]))[0]);
+      // Each short shape is measured with both thread counts before one is chosen (which one wins is
+      // the machine's business, not asserted).
+      assert.ok(engine.counters().decodes_fewer_threads > 0, JSON.stringify(engine.counters()));
+      for (const v of vectors) assert.deepEqual(v, vectors[0], "the same bits whatever the thread count");
+      // An input of 256 tokens or more: every decode with every thread (the attention over a long KV
+      // range is split between threads, and one thread would round it differently).
+      const long = await engine.tokenize("word ".repeat(300));
+      assert.ok(long.length >= 256);
+      const before = engine.counters();
+      await engine.embed([long]);
+      const after = engine.counters();
+      assert.ok(after.decodes > before.decodes);
+      assert.equal(after.decodes_fewer_threads, before.decodes_fewer_threads, JSON.stringify(after));
+    } finally {
+      await engine.dispose();
+    }
+  },
+});
+
+Deno.test({
   name: "embeddings: a short step's shape tries one decode and two before choosing by their times",
   sanitizeResources: false,
   sanitizeOps: false,

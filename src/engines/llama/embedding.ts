@@ -108,6 +108,8 @@ const MEASURED_STEP = 16;
 const FIRST_SAMPLES = 2;
 /** Then every this many-th step of a shape takes the other path, to renew its figure. */
 const RECHECK_EVERY = 64;
+/** Inputs at least this long always decode with every thread (see `#threadsFor`). */
+const FEW_THREADS_TOKENS = 256;
 /** Extra KV cells beyond the longest input, so short inputs are admitted beside a long one. */
 const RESERVE = 2048;
 const POOLING_IDS: Record<string, "mean" | "cls" | "last"> = { "1": "mean", "2": "cls", "3": "last" };
@@ -219,6 +221,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     return {
       tokens_evaluated: this.stats.tokensEvaluated,
       decodes: this.stats.decodes,
+      decodes_fewer_threads: this.#ctx.decodes.fewerThreads,
       inputs_embedded: this.stats.inputsDone,
     };
   }
@@ -386,7 +389,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     }
     if (batch.size > 0) {
       this.#ctx.setEmbeddings(false);
-      await this.#decode();
+      await this.#decode(this.#threadsFor(batch.size, false, plan.keys()));
       for (const [input, n] of plan) input.fed += n;
       this.#charge(perJob(plan));
       // A request gone during that decode gets no output decode: nothing starts for it after its client left.
@@ -399,7 +402,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     batch.clear();
     const outs = ready.map((input) => batch.add(input.ids[input.fed], input.fed, input.seq, true));
     this.#ctx.setEmbeddings(true);
-    await this.#decode();
+    await this.#decode(this.#threadsFor(batch.size, true, ready));
     this.#charge(perJob(new Map(ready.map((input) => [input, 1]))));
     ready.forEach((input, k) => {
       input.fed++;
@@ -426,7 +429,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       return { input, out };
     });
     this.#ctx.setEmbeddings(true);
-    await this.#decode();
+    await this.#decode(this.#threadsFor(batch.size, true, this.#active));
     this.#charge(perJob(new Map(this.#active.map((input) => [input, input.ids.length - input.fed]))));
     for (const { input, out } of outs) {
       input.fed = input.ids.length;
@@ -449,16 +452,47 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     if (!this.#measured || tokens > MEASURED_STEP) return true;
     const body = tokens - inputs;
     if (body === 0) return true; // only last tokens: one decode either way
-    const ctx = this.#ctx;
     const key = `${tokens}:${inputs}`;
     const n = (this.#shapes.get(key) ?? 0) + 1;
     this.#shapes.set(key, n);
-    const one = ctx.expectedDecode(tokens, true);
-    const split = [ctx.expectedDecode(body, false), ctx.expectedDecode(inputs, true)];
+    const one = this.#bestDecode(tokens, true);
+    const split = [this.#bestDecode(body, false), this.#bestDecode(inputs, true)];
     if (one.samples < FIRST_SAMPLES) return true;
     if (split.some((s) => s.samples < FIRST_SAMPLES)) return false;
     const choice = one.least <= split[0].least + split[1].least;
     return n % RECHECK_EVERY === 0 ? !choice : choice;
+  }
+
+  /**
+   * CPU threads for a decode of `tokens` tokens: all of the context's, or for a short one (at most
+   * {@link MEASURED_STEP} tokens) one thread when its measured times are lower. A few-token decode of a
+   * small model is a few hundred graph nodes of microseconds each, and every node ends at a barrier
+   * of all threads: on the 2-vCPU EPYC a short tiny-embed embedding spent three quarters of its CPU
+   * spinning at those barriers with two threads. Both counts are tried {@link FIRST_SAMPLES} times
+   * first, the other one again every {@link RECHECK_EVERY}-th decode of the shape. Only for inputs
+   * under {@link FEW_THREADS_TOKENS} tokens: there both counts give the same bits (llama.cpp's CPU
+   * flash attention splits a long KV range between its threads, which rounds differently).
+   */
+  #threadsFor(tokens: number, embeddings: boolean, inputs: Iterable<Input>): number {
+    const all = this.#ctx.threads;
+    if (!this.#measured || all === 1 || tokens > MEASURED_STEP) return all;
+    for (const input of inputs) if (input.ids.length >= FEW_THREADS_TOKENS) return all;
+    const key = `threads:${tokens}:${embeddings}`;
+    const n = (this.#shapes.get(key) ?? 0) + 1;
+    this.#shapes.set(key, n);
+    const many = this.#ctx.expectedDecode(tokens, embeddings, all);
+    const one = this.#ctx.expectedDecode(tokens, embeddings, 1);
+    if (many.samples < FIRST_SAMPLES) return all;
+    if (one.samples < FIRST_SAMPLES) return 1;
+    const choice = one.least < many.least ? 1 : all;
+    return n % RECHECK_EVERY === 0 ? (choice === 1 ? all : 1) : choice;
+  }
+
+  /** The measured time of a short decode with the thread count {@link #threadsFor} prefers. */
+  #bestDecode(tokens: number, embeddings: boolean): { least: number; samples: number } {
+    const many = this.#ctx.expectedDecode(tokens, embeddings);
+    const one = this.#ctx.expectedDecode(tokens, embeddings, 1);
+    return one.samples >= FIRST_SAMPLES && one.least < many.least ? one : many;
   }
 
   /** Every token with its state (mean or CLS pooling), chunk by chunk, dealt out by tokens. */
@@ -473,7 +507,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       taken.push({ input, from: input.fed, to: input.fed + n, at });
     }
     this.#ctx.setEmbeddings(true);
-    await this.#decode();
+    await this.#decode(this.#threadsFor(batch.size, true, plan.keys()));
     this.#charge(perJob(plan));
     for (const t of taken) {
       const input = t.input;
@@ -491,10 +525,10 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     }
   }
 
-  async #decode() {
+  async #decode(threads: number) {
     this.stats.decodes++;
     this.stats.tokensEvaluated += this.#batch.size;
-    await this.#ctx.decode(this.#batch);
+    await this.#ctx.decode(this.#batch, threads);
   }
 
   /** The output state of batch position `i` (a view). */

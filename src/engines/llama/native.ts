@@ -433,11 +433,13 @@ export class NativeContext {
   readonly #id = ++contexts;
   readonly #pace: DecodePace;
   #embeddings: boolean;
+  /** The CPU threads llama.cpp computes the next decode with (at most {@link threads}). */
+  #threadsNow: number;
   /**
    * Decodes run on the JavaScript thread (see pace.ts) and on the blocking pool, and the turns of the
    * event loop taken between bursts of the former.
    */
-  readonly decodes = { onThread: 0, offThread: 0, turns: 0 };
+  readonly decodes = { onThread: 0, offThread: 0, turns: 0, fewerThreads: 0 };
   /**
    * A sequence copy is pending: llama.cpp performs it at the start of the next decode (a whole KV
    * stream, hundreds of MB on a large model), so that decode runs off the JavaScript thread and its
@@ -453,9 +455,11 @@ export class NativeContext {
     readonly ptr: Deno.PointerObject,
     embeddings: boolean,
     decodePace: DecodePace,
+    readonly threads: number,
     readonly compute?: ComputeClient,
   ) {
     const s = lib.symbols;
+    this.#threadsNow = threads;
     this.#embeddings = embeddings;
     this.#pace = decodePace;
     this.nCtx = s.llama_n_ctx(ptr);
@@ -502,7 +506,7 @@ export class NativeContext {
           "(not enough memory? the log above says why)",
       );
     }
-    return new NativeContext(lib, model, ptr, opts.embeddings, opts.pace ?? pace, opts.compute);
+    return new NativeContext(lib, model, ptr, opts.embeddings, opts.pace ?? pace, opts.threads, opts.compute);
   }
 
   /**
@@ -519,13 +523,23 @@ export class NativeContext {
    * `ms` as expected now (a moving average), `least` the least of the last few (its cost on a quiet
    * machine: see pace.ts), and how many were measured (0: both NaN).
    */
-  expectedDecode(tokens: number, embeddings: boolean): { ms: number; least: number; samples: number } {
-    const kind = `${this.#id}:${decodeKind(tokens, embeddings)}`;
+  expectedDecode(
+    tokens: number,
+    embeddings: boolean,
+    threads = this.threads,
+  ): { ms: number; least: number; samples: number } {
+    const kind = this.#kind(tokens, embeddings, threads);
     return {
       ms: this.#pace.expected(kind) ?? NaN,
       least: this.#pace.least(kind) ?? NaN,
       samples: this.#pace.samples(kind),
     };
+  }
+
+  /** The key decode times are kept under: this context, the batch's shape, fewer threads than configured. */
+  #kind(tokens: number, embeddings: boolean, threads: number): string {
+    const fewer = threads < this.threads ? `:t${threads}` : "";
+    return `${this.#id}:${decodeKind(tokens, embeddings)}${fewer}`;
   }
 
   /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */
@@ -551,12 +565,20 @@ export class NativeContext {
 
   /**
    * Runs the model on `batch`: on the JavaScript thread when a decode of its shape is expected to be
-   * short, else off it (see pace.ts); throws with llama.cpp's reason on failure.
+   * short, else off it (see pace.ts); throws with llama.cpp's reason on failure. `threads`: the CPU
+   * threads to compute it with, at most the context's (fewer for a batch so small that the threads'
+   * synchronisation at every graph node costs more than they share; its times are kept apart).
    */
-  async decode(batch: Batch): Promise<void> {
+  async decode(batch: Batch, threads = this.threads): Promise<void> {
     if (batch.size === 0) return;
     const s = this.lib.symbols;
-    const kind = `${this.#id}:${decodeKind(batch.size, this.#embeddings)}`;
+    const n = Math.max(1, Math.min(threads, this.threads));
+    if (n !== this.#threadsNow) {
+      s.llama_set_n_threads(this.ptr, n, n);
+      this.#threadsNow = n;
+    }
+    if (n < this.threads) this.decodes.fewerThreads++;
+    const kind = this.#kind(batch.size, this.#embeddings, n);
     const copying = this.#copyPending;
     this.#copyPending = false;
     // A short decode whose burst is used up: one turn of the event loop first (its sockets polled,

@@ -214,6 +214,8 @@ export class Scheduler {
    */
   readonly #copiedFrom = new Set<number>();
   readonly #copiedTo = new Set<number>();
+  /** Sampling a step's sequences in 10 ms slices (one slicer for every step: no allocation a token). */
+  readonly #sampleSlices = new Slicer(10);
   #looping = false;
   #wake: (() => void) | undefined;
   #clock = 0;
@@ -746,7 +748,8 @@ export class Scheduler {
       this.#trace?.({ ev: "decode", n: group.length, ms: sampleStart - t0 });
       // Sampling with 20 log-probabilities is ~5 ms a sequence: 8 of them held the event loop for
       // 40 ms a step. The logits stay valid across a pause: nothing decodes on this context meanwhile.
-      const slices = new Slicer(10);
+      const slices = this.#sampleSlices;
+      slices.restart();
       for (const d of group) {
         if (slices.due) await slices.pause();
         d.choice.slot.tokens.push(d.choice.pending);
