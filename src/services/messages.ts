@@ -26,6 +26,7 @@ import {
 import type { ChatEngine, ChatEvent } from "../engines/types.ts";
 import { type ChatContext, runChat, toJob } from "./chat.ts";
 import type { ReasoningSealer } from "./reasoning_seal.ts";
+import { BlankTextHold } from "./blank_text.ts";
 
 /** A messages request's outcome: the whole message, or its stream events (errors become an `error` event). */
 export type MessagesRun =
@@ -643,7 +644,7 @@ export async function* streamEvents(
   let index = -1;
   let open: "thinking" | "text" | "tool_use" | undefined;
   let thinking = "";
-  let pendingSpace = "";
+  const blank = new BlankTextHold();
   let calls = 0;
   let finish: string | null = null;
   let usage: CompletionUsage | undefined;
@@ -689,18 +690,11 @@ export async function* streamEvents(
             };
           }
         }
-        if (d.content) {
-          // Blank text before a call is not a block (as in the non-streamed answer): hold it back.
-          if (open !== "text" && d.content.trim() === "") pendingSpace += d.content;
-          else {
-            const delta = pendingSpace + d.content;
-            pendingSpace = "";
-            yield* text(delta);
-          }
-        }
+        const shown = d.content ? blank.take(d.content, open === "text") : undefined;
+        if (shown) yield* text(shown);
         for (const call of d.tool_calls ?? []) {
           if (call.id) {
-            pendingSpace = "";
+            blank.drop();
             calls++;
             yield* start({
               type: "tool_use",
@@ -721,7 +715,8 @@ export async function* streamEvents(
         if (choice.finish_reason) finish = choice.finish_reason;
       }
     }
-    if (pendingSpace && calls === 0) yield* text(pendingSpace);
+    const rest = blank.rest();
+    if (rest && calls === 0) yield* text(rest);
     yield* close();
     const final = usage
       ? fromChatUsage(usage)

@@ -27,6 +27,7 @@ import {
 import type { ChatEngine } from "../engines/types.ts";
 import { type ChatContext, runChat } from "./chat.ts";
 import type { ReasoningSealer } from "./reasoning_seal.ts";
+import { BlankTextHold } from "./blank_text.ts";
 
 /** How this server treats parts of the Responses API it cannot serve as asked (from configuration). */
 export interface ResponsesOptions {
@@ -669,7 +670,7 @@ export async function* streamEvents(
   // The item being written; items are written one after another.
   let current: OutputItem | undefined;
   let index = -1;
-  let pendingSpace = "";
+  const blank = new BlankTextHold();
   let finish: string | null = null;
   let usage: CompletionUsage | undefined;
   // A custom tool call's input is read from the whole arguments text when the call ends.
@@ -779,18 +780,11 @@ export async function* streamEvents(
             delta: d.reasoning_content,
           });
         }
-        if (d.content) {
-          // Blank text before a call is not a message (as in the non-streamed answer): hold it back.
-          if (current?.type !== "message" && d.content.trim() === "") pendingSpace += d.content;
-          else {
-            const delta = pendingSpace + d.content;
-            pendingSpace = "";
-            yield* text(delta);
-          }
-        }
+        const shown = d.content ? blank.take(d.content, current?.type === "message") : undefined;
+        if (shown) yield* text(shown);
         for (const call of d.tool_calls ?? []) {
           if (call.id) {
-            pendingSpace = "";
+            blank.drop();
             customArgs = "";
             yield* open(callItem(call.id, call.function.name ?? "", "", "in_progress", shape));
           }
@@ -808,8 +802,9 @@ export async function* streamEvents(
         if (choice.finish_reason) finish = choice.finish_reason;
       }
     }
-    if (pendingSpace && !output.some((o) => o.type === "function_call" || o.type === "custom_tool_call")) {
-      yield* text(pendingSpace);
+    const rest = blank.rest();
+    if (rest && !output.some((o) => o.type === "function_call" || o.type === "custom_tool_call")) {
+      yield* text(rest);
     }
     const end = ending(finish);
     const answered = output.some((o) => o.type !== "reasoning");
