@@ -434,6 +434,11 @@ export class NativeContext {
   readonly #pace: DecodePace;
   #embeddings: boolean;
   /**
+   * A generation context: its decode kinds count the context they attend over (pace.ts); an
+   * embedding context's inputs start at position 0, and its own choices look its kinds up by size.
+   */
+  readonly #generation: boolean;
+  /**
    * Decodes run on the JavaScript thread (see pace.ts) and on the blocking pool, and the turns of the
    * event loop taken between bursts of the former.
    */
@@ -457,6 +462,7 @@ export class NativeContext {
   ) {
     const s = lib.symbols;
     this.#embeddings = embeddings;
+    this.#generation = !embeddings;
     this.#pace = decodePace;
     this.nCtx = s.llama_n_ctx(ptr);
     this.nCtxSeq = s.llama_n_ctx_seq(ptr);
@@ -556,7 +562,9 @@ export class NativeContext {
   async decode(batch: Batch): Promise<void> {
     if (batch.size === 0) return;
     const s = this.lib.symbols;
-    const kind = `${this.#id}:${decodeKind(batch.size, this.#embeddings)}`;
+    const kind = `${this.#id}:${
+      decodeKind(batch.size, this.#embeddings, this.#generation ? batch.cells : 0)
+    }`;
     const copying = this.#copyPending;
     this.#copyPending = false;
     // A short decode whose burst is used up: one turn of the event loop first (its sockets polled,
@@ -709,6 +717,7 @@ export class Batch {
   #seq: Int32Array[];
   #logits: Int8Array;
   #n = 0;
+  #cells = 0;
 
   constructor(readonly lib: LlamaLibrary, capacity: number) {
     this.capacity = capacity;
@@ -733,8 +742,14 @@ export class Batch {
     return this.capacity - this.#n;
   }
 
+  /** The highest position in the batch plus one: the context its decode attends over. */
+  get cells(): number {
+    return this.#cells;
+  }
+
   clear(): void {
     this.#n = 0;
+    this.#cells = 0;
   }
 
   /** Adds a token; returns its output index (for `logits(i)`) when `output`, else -1. */
@@ -743,6 +758,7 @@ export class Batch {
     const i = this.#n++;
     this.#tokens[i] = token;
     this.#pos[i] = pos;
+    if (pos >= this.#cells) this.#cells = pos + 1;
     this.#nSeq[i] = 1;
     this.#seq[i][0] = seq;
     this.#logits[i] = output ? 1 : 0;
