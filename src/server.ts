@@ -21,6 +21,7 @@ import type { Logger } from "./log.ts";
 import { type RequestContext, type Route, routeKit, type ServerDeps } from "./routes/context.ts";
 import { routeInfo, routeLabel, routeTable } from "./routes/index.ts";
 import { onSseEnd } from "./http/sse.ts";
+import { IngressPacer } from "./event_loop.ts";
 import { IGNORED_TOOLS_HEADER } from "./routes/responses.ts";
 
 export type { Lifecycle, ServerDeps } from "./routes/context.ts";
@@ -42,6 +43,7 @@ export type ServerHandler =
  */
 export function createServer(deps: ServerDeps): ServerHandler {
   const routes = routeTable(routeKit(deps));
+  const ingress = new IngressPacer();
   const handler = async (req: Request, info?: Deno.ServeHandlerInfo<Deno.Addr>): Promise<Response> => {
     const started = performance.now();
     deps.onRequest?.();
@@ -58,6 +60,9 @@ export function createServer(deps: ServerDeps): ServerHandler {
         const { route, match } = matchRoute(routes, req.method, url.pathname);
         ctx.route = routeLabel(route);
         refuseWhileDraining(route, deps);
+        // A request to a model waits its turn in a burst (event_loop.ts); `/health` never does.
+        const turn = route.auth === "v1" ? ingress.admit() : undefined;
+        if (turn) await turn;
         rateHeaders = authenticate(req, route, ctx, deps);
         res = await route.handler(req, ctx, match);
       }

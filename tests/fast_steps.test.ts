@@ -86,6 +86,64 @@ Deno.test("decode pace: kinds by token count (exact to 16, then powers of two) a
   assert.equal(decodeKind(17, false), "g32");
   assert.equal(decodeKind(512, true), "e512");
   assert.notEqual(decodeKind(3, true), decodeKind(3, false));
+  assert.equal(decodeKind(11, false, 1024), "g11", "the start of the context");
+  assert.equal(decodeKind(11, false, 32_071), "g11@32768", "a long context is a kind of its own");
+  assert.equal(decodeKind(11, true, 32_071), "e11");
+});
+
+Deno.test({
+  name: "decode pace: a short shape far into the context is measured off the thread before it runs on it",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    // Found by the adversarial pass: 11 tokens at position 32,070 took 202 ms on the JavaScript
+    // thread, their kind measured at 1.8 ms at the start of the context.
+    await llamaRuntime("cpu", silentLogger);
+    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+    const lib = openLlamaLibrary();
+    const model = await NativeModel.load(lib, path, 0);
+    const seen: { kind: string; onThread: boolean }[] = [];
+    const ctx = await NativeContext.create(model, {
+      nCtx: 2048,
+      nBatch: 512,
+      nUbatch: 512,
+      nSeqMax: 1,
+      threads: 1,
+      embeddings: false,
+      kvUnified: false,
+      // Every decode counts as 1 ms and as one that let the loop wait (no burst ends): where a decode
+      // runs depends on its kind alone.
+      pace: new (class extends DecodePace {
+        override record(kind: string, _ms: number, onThread: boolean) {
+          seen.push({ kind, onThread });
+          super.record(kind, 1, false);
+        }
+      })(1000, 8),
+    });
+    const batch = new Batch(lib, 512);
+    try {
+      const step = async (from: number, n: number) => {
+        batch.clear();
+        for (let i = from; i < from + n; i++) batch.add(100 + (i % 50), i, 0, i === from + n - 1);
+        await ctx.decode(batch);
+        return seen.at(-1)!;
+      };
+      let pos = 0;
+      for (let i = 0; i < 3; i++, pos += 11) await step(pos, 11);
+      assert.deepEqual(seen.map((s) => s.onThread), [false, true, true], "measured, then on the thread");
+      while (pos < 1500 - 500) pos += (await step(pos, 500), 500);
+      await step(pos, 1500 - pos);
+      pos = 1500;
+      const far = await step(pos, 11);
+      assert.equal(far.onThread, false, "the same shape at position 1,500: off the thread, to measure it");
+      assert.notEqual(far.kind, seen[0].kind);
+      assert.equal((await step(pos + 11, 11)).onThread, true, "then on it (measured short)");
+    } finally {
+      batch.free();
+      ctx.free();
+      model.free();
+    }
+  },
 });
 
 /**

@@ -227,6 +227,65 @@ serverTest("deep and dense JSON bodies: refused or parsed in slices, the event l
   );
 });
 
+serverTest(
+  "a tool call's arguments in the history: parsed in slices, their nesting refused with a 400",
+  async () => {
+    // JSON inside a string escapes the body's checks: 1,000,000 nested objects in one call's
+    // arguments held the event loop 300 ms (JSON.parse, then the template's recursion) before a 400
+    // "Maximum call stack size exceeded" of the template.
+    const stallsBefore = await longEventLoopStalls(server.url);
+    const deep = '{"a":'.repeat(1_000_000) + "1" + "}".repeat(1_000_000);
+    const messages = [
+      { role: "user", content: "hi" },
+      {
+        role: "assistant",
+        tool_calls: [{ id: "c", type: "function", function: { name: "f", arguments: deep } }],
+      },
+      { role: "tool", tool_call_id: "c", content: "r" },
+    ];
+    const param = "messages[1].tool_calls[0].function.arguments";
+    for (const path of ["/v1/chat/completions", "/tokenize"]) {
+      const res = await postJson(url(path), JSON.stringify({ model: CHAT, max_tokens: 1, messages }), KEY);
+      assertApiError(res, 400, { param, code: "invalid_value" });
+      assert.match(
+        res.body.error.message,
+        /function.arguments nests arrays and objects more than 512 levels deep/,
+      );
+    }
+    const input = [
+      { type: "function_call", call_id: "c", name: "f", arguments: deep },
+      { type: "function_call_output", call_id: "c", output: "r" },
+    ];
+    const res = await postJson(
+      url("/v1/responses"),
+      JSON.stringify({ model: CHAT, max_output_tokens: 1, input }),
+      KEY,
+    );
+    assertApiError(res, 400, { code: "invalid_value" });
+    assert.match(res.body.error.message, /more than 512 levels deep/);
+    // Within the limit, a large arguments text still renders (parsed in pieces).
+    const wide = JSON.stringify({ rows: Array.from({ length: 20_000 }, (_, i) => [i, `v${i}`]) });
+    const ok = await postJson(
+      url("/tokenize"),
+      JSON.stringify({
+        model: CHAT,
+        messages: [messages[0], {
+          ...messages[1],
+          tool_calls: [{ ...messages[1].tool_calls![0], function: { name: "f", arguments: wide } }],
+        }, messages[2]],
+      }),
+      KEY,
+    );
+    assert.equal(ok.status, 200, JSON.stringify(ok.body).slice(0, 300));
+    assert.ok(ok.body.prompt.includes("v19999"));
+    assert.equal(
+      await longEventLoopStalls(server.url) - stallsBefore,
+      0,
+      "the event loop was held for a quarter of a second",
+    );
+  },
+);
+
 serverTest("a large body nested within the limit is parsed as JSON.parse parses it", async () => {
   // Over 64 KB: parsed in pieces of 32 KB, each large container walked member by member.
   const input = Array.from(

@@ -26,6 +26,13 @@ import type { Logger } from "../log.ts";
 import { samplingOptions } from "./sampling.ts";
 import { checkAgainstSchema, checkSchemaLimits, warmSchemaCheck } from "./schema_check.ts";
 import { Budget } from "../grammar/mod.ts";
+import { Slicer } from "../event_loop.ts";
+import {
+  JsonBodyError,
+  MAX_JSON_CONTAINERS,
+  MAX_JSON_DEPTH,
+  parseJsonInSlices,
+} from "../http/json_slices.ts";
 
 /** Per-request context from the server. */
 export interface ChatContext {
@@ -55,6 +62,7 @@ export type ChatRun =
  * stream's later errors are thrown by its iterator (logged here) and `toError` shapes them.
  */
 export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatContext): Promise<ChatRun> {
+  await parseHistoryArguments(req.messages, ctx.signal);
   const job = toJob(req, ctx.defaultThinking);
   job.streamed = req.stream === true;
   job.requestId = ctx.requestId;
@@ -355,7 +363,7 @@ export function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
             return {
               id: c.id,
               name: c.function.name,
-              arguments: argumentsObject(c.function.arguments, i, j),
+              arguments: argumentsObject(c, i, j),
             };
           });
           const reasoning = m.reasoning_content ?? m.reasoning ?? undefined;
@@ -378,13 +386,60 @@ export function toEngineMessages(messages: ChatMessage[]): EngineMessage[] {
   );
 }
 
+/** History calls' `arguments` parsed ahead by {@link parseHistoryArguments} (undefined: not JSON), by call. */
+const parsedArguments = new WeakMap<object, unknown>();
+
+/**
+ * Parses the `arguments` of the history's tool calls ahead of {@link toEngineMessages}, a slice at a
+ * time and with the body's limits (nesting, arrays and objects: http/json_slices.ts): a JSON text
+ * inside a string escapes the checks of the body around it. One call's arguments of 1,000,000
+ * nested objects (6 MB) held the event loop 300 ms in `JSON.parse` and the template's recursion,
+ * which ended in a stack overflow. Throws a 400 naming the call past a limit.
+ */
+export async function parseHistoryArguments(messages: ChatMessage[], signal?: AbortSignal): Promise<void> {
+  const slices = new Slicer(10, signal);
+  for (const [i, m] of messages.entries()) {
+    if (m.role !== "assistant" || !m.tool_calls) continue;
+    for (const [j, call] of m.tool_calls.entries()) {
+      const text = call.function.arguments;
+      let value: unknown;
+      try {
+        value = await parseJsonInSlices(text === "" ? "{}" : text, slices);
+      } catch (e) {
+        if (!(e instanceof JsonBodyError)) throw abortedError(e);
+        if (e.limit) {
+          throw badRequest(
+            `function.arguments ${
+              e.limit === "depth"
+                ? `nests arrays and objects more than ${MAX_JSON_DEPTH} levels deep`
+                : `holds more than ${MAX_JSON_CONTAINERS} arrays and objects`
+            }.`,
+            `messages[${i}].tool_calls[${j}].function.arguments`,
+            "invalid_value",
+          );
+        }
+        value = undefined;
+      }
+      parsedArguments.set(call, value);
+    }
+  }
+}
+
 /** A history call's `arguments` (JSON text, as the SDKs send it) as the object templates iterate. */
-function argumentsObject(text: string, i: number, j: number): Record<string, unknown> {
+function argumentsObject(
+  call: { function: { arguments: string } },
+  i: number,
+  j: number,
+): Record<string, unknown> {
+  const text = call.function.arguments;
   let value: unknown;
-  try {
-    value = JSON.parse(text === "" ? "{}" : text);
-  } catch {
-    value = undefined;
+  if (parsedArguments.has(call)) value = parsedArguments.get(call);
+  else {
+    try {
+      value = JSON.parse(text === "" ? "{}" : text);
+    } catch {
+      value = undefined;
+    }
   }
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
     throw badRequest(

@@ -24,7 +24,7 @@ import {
   type Usage,
 } from "../protocol/anthropic.ts";
 import type { ChatEngine, ChatEvent } from "../engines/types.ts";
-import { type ChatContext, runChat, toJob } from "./chat.ts";
+import { type ChatContext, parseHistoryArguments, runChat, toJob } from "./chat.ts";
 import type { ReasoningSealer } from "./reasoning_seal.ts";
 import { BlankTextHold } from "./blank_text.ts";
 
@@ -136,6 +136,7 @@ export async function countTokens(
     );
   }
   try {
+    await parseHistoryArguments(chat.messages, signal);
     const job = toJob(chat, defaultThinking);
     return { input_tokens: (await engine.prompt(job, signal)).tokens.length };
   } catch (e) {

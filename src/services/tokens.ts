@@ -5,7 +5,7 @@
 import { badRequest } from "../http/errors.ts";
 import type { DetokenizeRequest, TokenizeRequest, TokenizeResponse } from "../protocol/completions.ts";
 import type { ChatEngine, EmbeddingEngine } from "../engines/types.ts";
-import { toEngineMessages } from "./chat.ts";
+import { parseHistoryArguments, toEngineMessages } from "./chat.ts";
 import { Slicer } from "../event_loop.ts";
 
 export type { TokenizeResponse };
@@ -53,6 +53,7 @@ export async function tokenize(
       description: t.function.description ?? undefined,
       parameters: t.function.parameters ?? undefined,
     }));
+    await parseHistoryArguments(req.messages, signal);
     ({ text: prompt, tokens: ids } = await engine.prompt({
       messages: toEngineMessages(req.messages),
       tools,

@@ -436,6 +436,11 @@ export class NativeContext {
   /** The CPU threads llama.cpp computes the next decode with (at most {@link threads}). */
   #threadsNow: number;
   /**
+   * A generation context: its decode kinds count the context they attend over (pace.ts); an
+   * embedding context's inputs start at position 0, and its own choices look its kinds up by size.
+   */
+  readonly #generation: boolean;
+  /**
    * Decodes run on the JavaScript thread (see pace.ts) and on the blocking pool, and the turns of the
    * event loop taken between bursts of the former.
    */
@@ -454,6 +459,7 @@ export class NativeContext {
     readonly model: NativeModel,
     readonly ptr: Deno.PointerObject,
     embeddings: boolean,
+    generation: boolean,
     decodePace: DecodePace,
     readonly threads: number,
     readonly compute?: ComputeClient,
@@ -461,6 +467,7 @@ export class NativeContext {
     const s = lib.symbols;
     this.#threadsNow = threads;
     this.#embeddings = embeddings;
+    this.#generation = generation;
     this.#pace = decodePace;
     this.nCtx = s.llama_n_ctx(ptr);
     this.nCtxSeq = s.llama_n_ctx_seq(ptr);
@@ -506,7 +513,18 @@ export class NativeContext {
           "(not enough memory? the log above says why)",
       );
     }
-    return new NativeContext(lib, model, ptr, opts.embeddings, opts.pace ?? pace, opts.threads, opts.compute);
+    // An embedding context is made with outputs off and pooling "none" (the engine turns them on).
+    const generation = !opts.embeddings && opts.pooling === undefined;
+    return new NativeContext(
+      lib,
+      model,
+      ptr,
+      opts.embeddings,
+      generation,
+      opts.pace ?? pace,
+      opts.threads,
+      opts.compute,
+    );
   }
 
   /**
@@ -536,10 +554,13 @@ export class NativeContext {
     };
   }
 
-  /** The key decode times are kept under: this context, the batch's shape, fewer threads than configured. */
-  #kind(tokens: number, embeddings: boolean, threads: number): string {
+  /**
+   * The key decode times are kept under: this context, the batch's shape (for generation, with the
+   * context it attends over), fewer threads than configured.
+   */
+  #kind(tokens: number, embeddings: boolean, threads: number, cells = 0): string {
     const fewer = threads < this.threads ? `:t${threads}` : "";
-    return `${this.#id}:${decodeKind(tokens, embeddings)}${fewer}`;
+    return `${this.#id}:${decodeKind(tokens, embeddings, cells)}${fewer}`;
   }
 
   /** Puts the compute threads to sleep if nothing else is computing (call when out of work). */
@@ -578,7 +599,7 @@ export class NativeContext {
       this.#threadsNow = n;
     }
     if (n < this.threads) this.decodes.fewerThreads++;
-    const kind = this.#kind(batch.size, this.#embeddings, n);
+    const kind = this.#kind(batch.size, this.#embeddings, n, this.#generation ? batch.cells : 0);
     const copying = this.#copyPending;
     this.#copyPending = false;
     // A short decode whose burst is used up: one turn of the event loop first (its sockets polled,
@@ -731,6 +752,7 @@ export class Batch {
   #seq: Int32Array[];
   #logits: Int8Array;
   #n = 0;
+  #cells = 0;
 
   constructor(readonly lib: LlamaLibrary, capacity: number) {
     this.capacity = capacity;
@@ -755,8 +777,14 @@ export class Batch {
     return this.capacity - this.#n;
   }
 
+  /** The highest position in the batch plus one: the context its decode attends over. */
+  get cells(): number {
+    return this.#cells;
+  }
+
   clear(): void {
     this.#n = 0;
+    this.#cells = 0;
   }
 
   /** Adds a token; returns its output index (for `logits(i)`) when `output`, else -1. */
@@ -765,6 +793,7 @@ export class Batch {
     const i = this.#n++;
     this.#tokens[i] = token;
     this.#pos[i] = pos;
+    if (pos >= this.#cells) this.#cells = pos + 1;
     this.#nSeq[i] = 1;
     this.#seq[i][0] = seq;
     this.#logits[i] = output ? 1 : 0;
