@@ -217,3 +217,33 @@ Deno.test("a legacy echo of long prompt log-probabilities is assembled between t
   }
   assert.ok(ticks >= 2, `${ticks} timer turns while the echo was assembled`);
 });
+
+serverTest(
+  "a body in tiny chunks is refused past 65,536 of them, and what the client still sends is not read",
+  async () => {
+    // 8 MB in 16-byte chunks held the event loop 57 s while it was read; refused midway, the runtime then
+    // read all the client still sent in one block (4 MB: 4.7 s) because the body was cancelled.
+    const stalls = await longEventLoopStalls(server.url);
+    const { hostname, port } = new URL(server.url);
+    const conn = await Deno.connect({ hostname, port: Number(port) });
+    const enc = new TextEncoder();
+    await conn.write(enc.encode(
+      "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY +
+        "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+        `10\r\n{"input":"aaaaaa\r\n`,
+    ));
+    const block = enc.encode("10\r\naaaaaaaaaaaaaaaa\r\n".repeat(4096));
+    const answer = (async () => {
+      const buf = new Uint8Array(4096);
+      const n = await conn.read(buf);
+      return new TextDecoder().decode(buf.subarray(0, n ?? 0));
+    })();
+    // 48 blocks: 196,608 chunks, three times the limit (the server may close before the last).
+    for (let i = 0; i < 48; i++) await conn.write(block).catch(() => {});
+    const text = await answer;
+    conn.close();
+    assert.match(text, /^HTTP\/1\.1 400/);
+    assert.match(text, /body_too_fragmented/);
+    assert.equal(await longEventLoopStalls(server.url) - stalls, 0, "the refused body held the event loop");
+  },
+);

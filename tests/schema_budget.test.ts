@@ -257,6 +257,9 @@ serverTest("schemas llama.cpp cannot take are a 400 naming the keyword, before g
     [{ type: "string", minLength: 100000 }, "minLength", "unsupported_schema"],
     [{ type: "string", minLength: 1e9 }, "minLength", "unsupported_schema"],
     [{ type: "array", minItems: 1e8 }, "minItems", "unsupported_schema"],
+    [{ type: "array", contains: { type: "string" }, minContains: 1e9 }, "minContains", "unsupported_schema"],
+    [{ not: {} }, "not", "invalid_schema"],
+    [{ type: "object", properties: { a: { not: true } }, required: ["a"] }, "not", "invalid_schema"],
     [
       { type: "object", additionalProperties: { type: "integer" }, minProperties: 5000 },
       "minProperties",

@@ -8,7 +8,7 @@ import { Counter } from "../src/metrics.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
 import { ApiError, formatPath, jsonBody, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
 import { jsonPieces } from "../src/http/json_writer.ts";
-import { readJsonBody } from "../src/http/body.ts";
+import { MAX_BODY_PIECES, readJsonBody } from "../src/http/body.ts";
 import { constantTimeEqual, KeyRing, RateLimiter } from "../src/http/auth.ts";
 import { parseKeyFile, plainKey } from "../src/api_keys.ts";
 import { createHash } from "node:crypto";
@@ -417,6 +417,43 @@ Deno.test("a gzip bomb is a 413, and the event loop gets turns while it inflates
   clearTimeout(timer);
   assert.ok(error instanceof ApiError && error.status === 413, String(error));
   assert.ok(firedBeforeRefusal, "a timer set before the read fired before the 413");
+});
+
+Deno.test("a body in more than MAX_BODY_PIECES pieces is a 400, and the event loop gets turns while it is read", async () => {
+  // 8 MB in 16-byte chunks held the event loop (and /health) for 57 s: pieces sent ahead are read in
+  // promise jobs. Now the read gives the loop a turn every 10 ms (a timer set before fires first) and
+  // stops at the cap; a body under the cap in small pieces still reads whole.
+  const piecesOf = (n: number, text: string) =>
+    new ReadableStream<Uint8Array>({
+      start(controller) {
+        const bytes = new TextEncoder().encode(text);
+        const size = Math.ceil(bytes.length / n);
+        for (let at = 0; at < bytes.length; at += size) controller.enqueue(bytes.slice(at, at + size));
+        controller.close();
+      },
+    });
+  const post = (body: ReadableStream<Uint8Array>) =>
+    new Request("http://localhost/v1/embeddings", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body,
+    });
+  const text = JSON.stringify({ input: "x".repeat(2 * MAX_BODY_PIECES) });
+  let fired = false;
+  const timer = setTimeout(() => (fired = true), 0);
+  const error = await readJsonBody(post(piecesOf(text.length, text)), 8 << 20).then(
+    () => undefined,
+    (e) => e,
+  );
+  const firedBeforeRefusal = fired;
+  clearTimeout(timer);
+  assert.ok(
+    error instanceof ApiError && error.status === 400 && error.code === "body_too_fragmented",
+    String(error),
+  );
+  assert.ok(firedBeforeRefusal, "a timer set before the read fired before the 400");
+  const ok = await readJsonBody(post(piecesOf(MAX_BODY_PIECES, text)), 8 << 20);
+  assert.deepEqual(ok, JSON.parse(text), "the same body in fewer pieces reads whole");
 });
 
 Deno.test("sseStream: a large event is written in slices, whole, with no ping inside it", async () => {

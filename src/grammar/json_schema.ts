@@ -454,6 +454,17 @@ export class JsonGrammar {
           `remove it (supported: ${[...GRAMMAR_KEYWORDS, ...VALIDATED_KEYWORDS].join(", ")}).`,
       );
     }
+    // Checked on the output, but refused here when no output could pass: `not` of a schema every value
+    // meets, or a count beyond what a grammar can make the model write.
+    if (s.not !== undefined && acceptsEverything(s.not)) {
+      this.#fail(
+        ctx,
+        `The JSON schema at ${path} is 'not' of a schema every value meets: no value can satisfy it.`,
+        "invalid_schema",
+        { keyword: "not", path },
+      );
+    }
+    if (typeof s.minContains === "number") this.#minimum(ctx, path, "minContains", s.minContains);
     // allOf, and $ref beside other keywords, become one merged schema, checked like any other.
     if (s.allOf !== undefined) return this.#rule(this.#mergeAllOf(s, ctx, path), ctx, path, depth + 1, hint);
     if (s.$ref !== undefined) {
@@ -1261,4 +1272,11 @@ export function mergeSchemas(a: Schema, b: Schema, budget?: Budget): Schema | un
     }
   }
   return out;
+}
+
+/** Whether every JSON value meets `schema` (`true`, or an object of annotations only, such as `{}`). */
+function acceptsEverything(schema: unknown): boolean {
+  if (schema === true) return true;
+  if (typeof schema !== "object" || schema === null || Array.isArray(schema)) return false;
+  return Object.keys(schema).every((k) => ANNOTATIONS.has(k));
 }
