@@ -16,6 +16,11 @@ export interface EmbeddingEngine {
    * then holds more than `limit` ids, not all of them.
    */
   tokenize(text: string, limit?: number): Promise<number[]>;
+  /**
+   * `tokenize` of many texts at once, where that is cheaper than one at a time (a tokenizer on
+   * another thread: one round trip).
+   */
+  tokenizeMany?(texts: readonly string[], limit?: number): Promise<number[][]>;
   /** Completes client-given token ids the way `tokenize` would (e.g. appends EOS). */
   completeTokens(ids: readonly number[]): number[];
   /** The text of token ids (for /detokenize), when the engine can say; long lists off the event loop. */

@@ -1,13 +1,10 @@
 /** ONNX embedding models through onnxruntime-node, with dynamic batching across requests. */
 import { createRequire } from "node:module";
-import { Tokenizer } from "@huggingface/tokenizers";
-import { Markup, type MarkupToken } from "../markup.ts";
 import type { EmbeddingEngine } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { SessionReply, SessionRequest } from "./session_worker.ts";
 import type { ComputeClient } from "../compute_share.ts";
-import type { TokenizerReply, TokenizerRequest } from "./tokenizer_worker.ts";
-import { Slicer } from "../../event_loop.ts";
+import type { TokenizerFacts, TokenizerReply, TokenizerRequest } from "./tokenizer_worker.ts";
 
 /** True when onnxruntime-node's CUDA provider libraries are installed beside its binding. */
 export function cudaProviderInstalled(): boolean {
@@ -44,25 +41,23 @@ const MAX_BATCH_TOKENS = 16_384;
 /** Most tokens a request may be owed: one that could not run for a while does not then take over. */
 const MAX_CREDIT = 2048;
 
-/** Texts longer than this (UTF-16 units) are tokenized on the tokenizer's worker (~1 ms here). */
-const LONG_TEXT = 8192;
-/** Token lists longer than this are turned into text on the tokenizer's worker. */
-const LONG_IDS = 8192;
-
 /**
- * The tokenizer on a worker thread, started with the first long text: one at a time, in order.
+ * The tokenizer, on a worker thread (see `tokenizer_worker.ts`): built there, it never holds this
+ * thread; requests are answered one at a time, in order.
  */
 class TokenizerClient {
   readonly #worker: Worker;
   readonly #waiting = new Map<
     number,
-    { resolve: (reply: number[] | string) => void; reject: (e: Error) => void }
+    { resolve: (reply: number[][] | string | TokenizerFacts) => void; reject: (e: Error) => void }
   >();
   #next = 0;
   #failed?: Error;
+  /** The tokenizer's facts, once the worker has built it. */
+  readonly loaded: Promise<TokenizerFacts>;
 
   /** `tokenizerPath`: the worker reads `tokenizer.json` itself (posting its 11 MB took this thread 23-70 ms). */
-  constructor(tokenizerPath: string, tokenizerConfig: unknown, markup: readonly MarkupToken[]) {
+  constructor(tokenizerPath: string) {
     this.#worker = new Worker(new URL("./tokenizer_worker.ts", import.meta.url), { type: "module" });
     this.#worker.onmessage = (e: MessageEvent<TokenizerReply>) => {
       const reply = e.data;
@@ -70,15 +65,17 @@ class TokenizerClient {
       this.#waiting.delete(reply.id);
       if (reply.type === "error") waiter?.reject(new Error(reply.message));
       else if (reply.type === "text") waiter?.resolve(reply.text);
-      else waiter?.resolve(Array.from(reply.ids));
+      else if (reply.type === "loaded") waiter?.resolve(reply.facts);
+      else waiter?.resolve(split(reply.ids, reply.lengths));
     };
     this.#worker.onerror = (e: ErrorEvent) => {
       e.preventDefault();
       this.#fail(new Error(`the tokenizer worker failed: ${e.message}`));
     };
-    this.#worker.postMessage(
-      { type: "load", tokenizerPath, tokenizerConfig, markup } satisfies TokenizerRequest,
-    );
+    this.loaded = new Promise<TokenizerFacts>((resolve, reject) => {
+      this.#waiting.set(-1, { resolve: (f) => resolve(f as TokenizerFacts), reject });
+      this.#worker.postMessage({ type: "load", tokenizerPath } satisfies TokenizerRequest);
+    });
   }
 
   #fail(error: Error) {
@@ -87,12 +84,9 @@ class TokenizerClient {
     this.#waiting.clear();
   }
 
-  /**
-   * The ids of `text`, as `Tokenizer.encode` gives them; `plain`: of its fragments (see
-   * `Markup.fragments`), one after the other.
-   */
-  encode(text: string, addSpecialTokens: boolean, plain = false, limit?: number): Promise<number[]> {
-    return this.#ask({ type: "encode", id: 0, text, addSpecialTokens, plain, limit }) as Promise<number[]>;
+  /** The ids of each client text (see the worker's `tokenize`). */
+  tokenize(texts: string[], limit?: number): Promise<number[][]> {
+    return this.#ask({ type: "tokenize", id: 0, texts, limit }) as Promise<number[][]>;
   }
 
   /** The text of `ids`, as `Tokenizer.decode` gives it (special tokens kept). */
@@ -101,11 +95,11 @@ class TokenizerClient {
     return this.#ask({ type: "decode", id: 0, ids: array }, [array.buffer]) as Promise<string>;
   }
 
-  #ask(req: TokenizerRequest & { type: "encode" | "decode" }, transfer: Transferable[] = []) {
+  #ask(req: TokenizerRequest & { type: "tokenize" | "decode" }, transfer: Transferable[] = []) {
     if (this.#failed) return Promise.reject(this.#failed);
     const id = this.#next++;
-    return new Promise<number[] | string>((resolve, reject) => {
-      this.#waiting.set(id, { resolve, reject });
+    return new Promise<number[][] | string>((resolve, reject) => {
+      this.#waiting.set(id, { resolve: (reply) => resolve(reply as number[][] | string), reject });
       this.#worker.postMessage({ ...req, id } satisfies TokenizerRequest, transfer);
     });
   }
@@ -200,14 +194,7 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   readonly nativeDims: number;
   readonly vocabSize: number;
   readonly #session: SessionClient;
-  readonly #tokenizer: Tokenizer;
-  /** What builds the tokenizer's worker (for texts over {@link LONG_TEXT}), and the worker once built. */
-  readonly #tokenizerSource: { path: string; config: unknown };
-  #offThread?: TokenizerClient;
-  /** The tokenizer's added tokens: inputs are text, none of it becomes one of them. */
-  readonly #markup: Markup;
-  /** What the tokenizer's post-processor puts around a text (e.g. BERT's [CLS] … [SEP]). */
-  readonly #wrap: { before: number[]; after: number[] };
+  readonly #tokenizer: TokenizerClient;
   readonly #opts: OnnxEmbeddingOptions;
   readonly #pad: number;
   readonly #eos: number;
@@ -220,42 +207,40 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
 
   private constructor(
     session: SessionClient,
-    tokenizer: Tokenizer,
+    tokenizer: TokenizerClient,
+    facts: TokenizerFacts,
     opts: OnnxEmbeddingOptions,
-    dims: number,
-    vocabSize: number,
-    pad: number,
-    markup: MarkupToken[],
-    tokenizerSource: { path: string; config: unknown },
   ) {
     this.#session = session;
     this.#tokenizer = tokenizer;
-    this.#tokenizerSource = tokenizerSource;
-    this.#markup = new Markup(markup);
-    this.#wrap = postProcessorWrap(tokenizer);
     this.#opts = opts;
-    this.nativeDims = dims;
-    this.vocabSize = vocabSize;
-    this.#pad = pad;
-    this.#eos = pad;
+    this.nativeDims = 0;
+    this.vocabSize = facts.vocabSize;
+    this.#pad = facts.pad;
+    this.#eos = facts.pad;
   }
 
-  /** Creates the session (CUDA first when asked, else CPU) and reads the tokenizer. */
+  /**
+   * Creates the session (CUDA first when asked, else CPU) and the tokenizer, each on its worker,
+   * together.
+   */
   static async load(opts: OnnxEmbeddingOptions): Promise<{ engine: OnnxEmbeddingEngine; provider: string }> {
-    const tokenizerJson = JSON.parse(await Deno.readTextFile(opts.tokenizerPath));
-    const configPath = opts.tokenizerPath.replace(/tokenizer\.json$/, "tokenizer_config.json");
-    const tokenizerConfig = await Deno.readTextFile(configPath).then(JSON.parse).catch(() => ({}));
-    const tokenizer = new Tokenizer(tokenizerJson, tokenizerConfig);
+    const tokenizer = new TokenizerClient(opts.tokenizerPath);
     const session = new SessionClient();
     let loaded: SessionReply;
+    let facts: TokenizerFacts;
     try {
-      loaded = await session.ask({
-        type: "load",
-        modelPath: opts.modelPath,
-        threads: opts.threads,
-        cuda: opts.gpu === "cuda" || (opts.gpu === "auto" && cudaProviderInstalled()),
-      });
+      [loaded, facts] = await Promise.all([
+        session.ask({
+          type: "load",
+          modelPath: opts.modelPath,
+          threads: opts.threads,
+          cuda: opts.gpu === "cuda" || (opts.gpu === "auto" && cudaProviderInstalled()),
+        }),
+        tokenizer.loaded,
+      ]);
     } catch (e) {
+      tokenizer.close();
       await session.close();
       throw e;
     }
@@ -266,23 +251,12 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
       });
     }
     const provider = loaded.provider;
-    const vocab: Record<string, number> = tokenizerJson.model?.vocab ?? {};
-    const added: { id: number; content: string }[] = tokenizerJson.added_tokens ?? [];
-    const vocabSize =
-      [...Object.values(vocab), ...added.map((a) => a.id)].reduce((m, id) => Math.max(m, id), -1) + 1;
-    const padName = tokenizerConfig.pad_token ?? "<|endoftext|>";
-    const pad =
-      added.find((a) => a.content === (typeof padName === "string" ? padName : padName.content))?.id ?? 0;
-    // The tokenizer matches every added token in text, special or not.
-    const markup = added.map((a) => ({ id: a.id, text: a.content, matchedInText: true }));
-    const engine = new OnnxEmbeddingEngine(session, tokenizer, opts, 0, vocabSize, pad, markup, {
-      path: opts.tokenizerPath,
-      config: tokenizerConfig,
-    });
+    const engine = new OnnxEmbeddingEngine(session, tokenizer, facts, opts);
     let probe: Float32Array[];
     try {
-      probe = await engine.#run([[pad]]);
+      probe = await engine.#run([[facts.pad]]);
     } catch (e) {
+      tokenizer.close();
       await session.close();
       throw e;
     }
@@ -291,41 +265,20 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   }
 
   async tokenize(text: string, limit?: number): Promise<number[]> {
-    if (!this.#markup.holdsCut(text)) return this.completeTokens(await this.#encode(text, true, limit));
-    // Client text holding markup strings: its fragments, each without special tokens (a text cut
-    // into 800,000 of them is many seconds of the tokenizer: on its worker, or between turns).
-    const ids = [...this.#wrap.before];
-    if (text.length > LONG_TEXT) {
-      for (const id of await this.#worker().encode(text, false, true, limit)) ids.push(id);
-    } else {
-      const slices = new Slicer(10);
-      for (const f of this.#markup.fragments(text)) {
-        if (slices.due) await slices.pause();
-        for (const id of this.#tokenizer.encode(f, { add_special_tokens: false }).ids) ids.push(id);
-      }
-    }
-    ids.push(...this.#wrap.after);
-    return this.completeTokens(ids);
+    return (await this.tokenizeMany([text], limit))[0];
   }
 
-  /** `text`'s ids; a long text is tokenized on the tokenizer's worker (the event loop goes on). */
-  async #encode(text: string, addSpecialTokens: boolean, limit?: number): Promise<number[]> {
-    if (text.length <= LONG_TEXT) {
-      return this.#tokenizer.encode(text, { add_special_tokens: addSpecialTokens }).ids;
-    }
-    return await this.#worker().encode(text, addSpecialTokens, false, limit);
+  /**
+   * On the tokenizer's worker, in one message. Client text holding markup strings is cut into
+   * fragments, each tokenized without special tokens (a text cut into 800,000 of them is many
+   * seconds of the tokenizer).
+   */
+  async tokenizeMany(texts: readonly string[], limit?: number): Promise<number[][]> {
+    return (await this.#tokenizer.tokenize([...texts], limit)).map((ids) => this.completeTokens(ids));
   }
 
-  /** The tokenizer's worker, started with the first long text. */
-  #worker(): TokenizerClient {
-    const { path, config } = this.#tokenizerSource;
-    return this.#offThread ??= new TokenizerClient(path, config, this.#markup.tokens);
-  }
-
-  async detokenize(ids: readonly number[]): Promise<string> {
-    // (A million ids: seconds of the tokenizer, on its worker.)
-    if (ids.length > LONG_IDS) return await this.#worker().decode(ids);
-    return this.#tokenizer.decode([...ids], { skip_special_tokens: false });
+  detokenize(ids: readonly number[]): Promise<string> {
+    return this.#tokenizer.decode(ids);
   }
 
   completeTokens(ids: readonly number[]): number[] {
@@ -467,18 +420,20 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
     for (const job of this.#jobs) rejectRest(job, new Error("the model is unloading"));
     this.#jobs = [];
     while (this.#running) await new Promise((r) => setTimeout(r, 10));
-    this.#offThread?.close();
+    this.#tokenizer.close();
     await this.#session.close();
   }
 }
 
-/** The ids the tokenizer's post-processor adds before and after a text's own. */
-function postProcessorWrap(tokenizer: Tokenizer): { before: number[]; after: number[] } {
-  const full = tokenizer.encode("a").ids;
-  const bare = tokenizer.encode("a", { add_special_tokens: false }).ids;
-  const at = full.findIndex((_, i) => bare.every((id, k) => full[i + k] === id));
-  if (at < 0) return { before: [], after: [] };
-  return { before: full.slice(0, at), after: full.slice(at + bare.length) };
+/** `lengths[i]` ids of `ids` each, one after the other. */
+function split(ids: Int32Array, lengths: Int32Array): number[][] {
+  const out: number[][] = [];
+  let at = 0;
+  for (const n of lengths) {
+    out.push(Array.from(ids.subarray(at, at + n)));
+    at += n;
+  }
+  return out;
 }
 
 /** Rejects `job`'s inputs still to run with `reason`; it has none left then. */
