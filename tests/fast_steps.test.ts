@@ -98,10 +98,7 @@ Deno.test({
   fn: async () => {
     // Found by the adversarial pass: 11 tokens at position 32,070 took 202 ms on the JavaScript
     // thread, their kind measured at 1.8 ms at the start of the context.
-    await llamaRuntime("cpu", silentLogger);
-    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
-    const lib = openLlamaLibrary();
-    const model = await NativeModel.load(lib, path, 0);
+    const model = await tinyChat();
     const seen: { kind: string; onThread: boolean }[] = [];
     const ctx = await NativeContext.create(model, {
       nCtx: 2048,
@@ -120,7 +117,7 @@ Deno.test({
         }
       })(1000, 8),
     });
-    const batch = new Batch(lib, 512);
+    const batch = new Batch(model.lib, 512);
     try {
       const step = async (from: number, n: number) => {
         batch.clear();
@@ -146,6 +143,13 @@ Deno.test({
   },
 });
 
+/** The built-in tiny-chat model, loaded on the CPU build of llama.cpp (generated on first use). */
+async function tinyChat(): Promise<NativeModel> {
+  await llamaRuntime("cpu", silentLogger);
+  const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
+  return await NativeModel.load(openLlamaLibrary(), path, 0);
+}
+
 /**
  * Generates `tokens` tokens of tiny-chat with every measured step on the thread (bursts of 8),
  * calling `onToken` with the count so far; returns the context's decode counters of the run.
@@ -154,10 +158,7 @@ async function generateOnThread(
   tokens: number,
   onToken: (generated: number) => void,
 ): Promise<{ onThread: number; offThread: number; turns: number }> {
-  await llamaRuntime("cpu", silentLogger);
-  const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
-  const lib = openLlamaLibrary();
-  const model = await NativeModel.load(lib, path, 0);
+  const model = await tinyChat();
   const ctx = await NativeContext.create(model, {
     nCtx: 2 * 1024,
     nBatch: 516,
@@ -174,7 +175,7 @@ async function generateOnThread(
       }
     })(1000, 8),
   });
-  const batch = new Batch(lib, 516);
+  const batch = new Batch(model.lib, 516);
   const scheduler = new Scheduler(model, ctx, batch, {
     chunk: 512,
     maxCheckpoints: 4,
@@ -333,10 +334,7 @@ Deno.test({
   sanitizeResources: false,
   sanitizeOps: false,
   fn: async () => {
-    await llamaRuntime("cpu", silentLogger);
-    const path = await resolveSource("builtin:tiny-chat", { cacheDir: CACHE, hubUrl: "", log: silentLogger });
-    const lib = openLlamaLibrary();
-    const model = await NativeModel.load(lib, path, 0);
+    const model = await tinyChat();
     const pace = new DecodePace(1000, 1000);
     const ctx = await NativeContext.create(model, {
       nCtx: 2 * 512,
@@ -348,7 +346,7 @@ Deno.test({
       kvUnified: false,
       pace,
     });
-    const batch = new Batch(lib, 64);
+    const batch = new Batch(model.lib, 64);
     const step = async (seq: number, pos: number) => {
       batch.clear();
       batch.add(model.bos >= 0 ? model.bos : 0, pos, seq, true);
