@@ -421,8 +421,9 @@ Deno.test("a gzip bomb is a 413, and the event loop gets turns while it inflates
 
 Deno.test("a body in more than MAX_BODY_PIECES pieces is a 400, and the event loop gets turns while it is read", async () => {
   // 8 MB in 16-byte chunks held the event loop (and /health) for 57 s: pieces sent ahead are read in
-  // promise jobs. Now the read gives the loop a turn every 10 ms (a timer set before fires first) and
-  // stops at the cap; a body under the cap in small pieces still reads whole.
+  // promise jobs. Now the read gives the loop a turn every 10 ms and every 4,096 reads (a timer set
+  // before fires first, whatever the machine's speed) and stops at the cap; a body under the cap in
+  // small pieces still reads whole.
   const piecesOf = (n: number, text: string) =>
     new ReadableStream<Uint8Array>({
       start(controller) {

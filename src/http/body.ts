@@ -160,6 +160,7 @@ async function readLimited(
     : undefined;
   const slices = new Slicer(10);
   let yielded = 0;
+  let reads = 0;
   try {
     for (;;) {
       let next: ReadableStreamReadResult<Uint8Array>;
@@ -191,8 +192,9 @@ async function readLimited(
       }
       buffer.set(piece, total);
       total += piece.byteLength;
-      // Decompression runs in the same promise jobs: a turn at least every MB it makes too.
-      if (slices.due || (encoding && total - yielded >= 1 << 20)) {
+      // Decompression runs in the same promise jobs: a turn at least every MB it makes too, and every
+      // 4,096 reads whatever the clock says.
+      if (slices.due || (encoding && total - yielded >= 1 << 20) || ++reads % 4096 === 0) {
         yielded = total;
         await slices.pause();
       }
