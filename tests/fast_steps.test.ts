@@ -143,6 +143,48 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name: "state snapshots: a small one is written on the JavaScript thread, and restores to the same logits",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const model = await tinyChat();
+    const ctx = await NativeContext.create(model, {
+      nCtx: 2 * 512,
+      nBatch: 512,
+      nUbatch: 512,
+      nSeqMax: 2,
+      threads: 1,
+      embeddings: false,
+      kvUnified: false,
+    });
+    const batch = new Batch(model.lib, 512);
+    try {
+      const prompt = Array.from({ length: 40 }, (_, i) => 100 + i);
+      batch.clear();
+      prompt.forEach((t, i) => batch.add(t, i, 0, i === prompt.length - 1));
+      await ctx.decode(batch);
+      const logits = ctx.logits(prompt.length - 1).slice();
+      const state = await ctx.saveState(0, 0);
+      assert.deepEqual(ctx.saves, { onThread: 1, offThread: 0 }, `${state.length} bytes: no hand-off`);
+      // The snapshot is whole: restored into the other sequence, its next token's logits are those of
+      // the same token decoded on the original.
+      await ctx.restoreState(1, state, 0);
+      for (const seq of [0, 1]) {
+        batch.clear();
+        batch.add(7, prompt.length, seq, true);
+        await ctx.decode(batch);
+        if (seq === 0) logits.set(ctx.logits(0));
+        else assert.deepEqual(ctx.logits(0), logits);
+      }
+    } finally {
+      batch.free();
+      ctx.free();
+      model.free();
+    }
+  },
+});
+
 /** The built-in tiny-chat model, loaded on the CPU build of llama.cpp (generated on first use). */
 async function tinyChat(): Promise<NativeModel> {
   await llamaRuntime("cpu", silentLogger);

@@ -132,6 +132,12 @@ const SYMBOLS = {
     result: "usize",
     nonblocking: true,
   },
+  // The same on the calling thread, for snapshots small enough not to be worth a hand-off (native.ts).
+  llama_state_seq_get_data_ext_sync: {
+    name: "llama_state_seq_get_data_ext",
+    parameters: ["pointer", "buffer", "usize", "i32", "u32"],
+    result: "usize",
+  },
   llama_state_seq_set_data_ext: {
     parameters: ["pointer", "buffer", "usize", "i32", "u32"],
     result: "usize",

@@ -423,6 +423,12 @@ const FLASH_ATTENTION = { auto: -1, off: 0, on: 1 } as const;
 export type FlashAttention = keyof typeof FLASH_ATTENTION;
 
 /** A llama.cpp context: memory (KV cache / recurrent state) for several sequences. */
+/**
+ * State snapshots up to this size are written on the JavaScript thread ({@link NativeContext.saveState}):
+ * at memory speed well under a millisecond (4,000 tokens of tiny-moe, 1.1 MB: 0.21 ms).
+ */
+export const SYNC_STATE_BYTES = 4 * 1024 * 1024;
+
 export class NativeContext {
   readonly nCtx: number;
   /** Cells one sequence may hold. */
@@ -446,6 +452,8 @@ export class NativeContext {
    * event loop taken between bursts of the former.
    */
   readonly decodes = { onThread: 0, offThread: 0, turns: 0, fewerThreads: 0 };
+  /** State snapshots written on the JavaScript thread and on the blocking pool ({@link saveState}). */
+  readonly saves = { onThread: 0, offThread: 0 };
   /**
    * A sequence copy is pending: llama.cpp performs it at the start of the next decode (a whole KV
    * stream, hundreds of MB on a large model), so that decode runs off the JavaScript thread and its
@@ -714,12 +722,23 @@ export class NativeContext {
     return Number(this.lib.symbols.llama_state_seq_get_size_ext(this.ptr, seq, flags));
   }
 
-  /** A snapshot of `seq`'s state (`flags`: 1 = only what cannot be rolled back). */
+  /**
+   * A snapshot of `seq`'s state (`flags`: 1 = only what cannot be rolled back). One of at most
+   * {@link SYNC_STATE_BYTES} is written on the calling thread: a hand-off to the blocking pool cost
+   * 0.03-0.2 ms on an idle machine and up to 7 ms beside a prompt burst (tiny-moe: eight saves of
+   * 250 KB and sixteen 17 KB checkpoints a burst), where the copy itself takes 3-110 µs.
+   */
   async saveState(seq: number, flags: number): Promise<Uint8Array> {
-    const size = Number(this.lib.symbols.llama_state_seq_get_size_ext(this.ptr, seq, flags));
+    const s = this.lib.symbols;
+    const size = Number(s.llama_state_seq_get_size_ext(this.ptr, seq, flags));
     const buf = new Uint8Array(size);
+    const onThread = size <= SYNC_STATE_BYTES;
+    if (onThread) this.saves.onThread++;
+    else this.saves.offThread++;
     const n = Number(
-      await this.lib.symbols.llama_state_seq_get_data_ext(this.ptr, buf, BigInt(size), seq, flags),
+      onThread
+        ? s.llama_state_seq_get_data_ext_sync(this.ptr, buf, BigInt(size), seq, flags)
+        : await s.llama_state_seq_get_data_ext(this.ptr, buf, BigInt(size), seq, flags),
     );
     if (n !== size) throw new Error(`llama.cpp saved ${n} of ${size} state bytes`);
     return buf;
