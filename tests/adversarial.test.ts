@@ -10,7 +10,12 @@ import { serverTest } from "./helpers/assert.ts";
 import { longEventLoopStalls } from "./helpers/metrics.ts";
 import { CompletionRequestSchema } from "../src/protocol/completions.ts";
 import { createCompletion } from "../src/services/completions.ts";
-import type { ChatEngine, ChatEvent } from "../src/engines/types.ts";
+import type { ChatEngine, ChatEvent, ChatJob } from "../src/engines/types.ts";
+import { llamaRuntime } from "../src/engines/llama/runtime.ts";
+import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
+import { LlamaChatEngine } from "../src/engines/llama/chat.ts";
+import { resolveSource } from "../src/models/sources.ts";
+import { PromptLogprobs } from "../src/engines/prompt_logprobs.ts";
 import { silentLogger } from "../src/log.ts";
 
 const KEY = "test-key";
@@ -173,17 +178,14 @@ serverTest(
 Deno.test("a legacy echo of long prompt log-probabilities is assembled between turns of the event loop", async () => {
   // 8 choices of a 2,000-token prompt with 20 alternatives a token, each assembled anew, held the
   // event loop for 130-180 ms at the end of the request; one choice of a 20,000-token prompt as long.
-  const entries = Array.from({ length: 20_000 }, (_, i) => ({
-    token: `t${i}`,
-    bytes: [116],
-    logprob: -1,
-    top: Array.from({ length: 20 }, (_, k) => ({ token: `a${k}`, bytes: [97], logprob: -2 })),
-  }));
+  const table = new PromptLogprobs(20);
+  const top = Array.from({ length: 20 }, (_, k) => ({ token: 100_000 + k, logprob: -2 }));
+  for (let i = 0; i < 20_000; i++) table.push(i, -1, top);
   const n = 2;
   async function* run(): AsyncGenerator<ChatEvent> {
     yield { type: "prompt", promptTokens: 20_001, cachedTokens: 0 };
     await Promise.resolve();
-    yield { type: "prompt_logprobs", entries };
+    yield { type: "prompt_logprobs", logprobs: table };
     for (let c = 0; c < n; c++) {
       yield { type: "end", choice: c, finishReason: "length", completionTokens: 0, reasoningTokens: 0 };
     }
@@ -192,7 +194,7 @@ Deno.test("a legacy echo of long prompt log-probabilities is assembled between t
     vocabSize: 1000,
     tokenize: () => Promise.resolve([1]),
     detokenize: () => Promise.resolve("t"),
-    tokenText: () => ({ token: "t", bytes: [116] }),
+    tokenText: (t: number) => ({ token: t >= 100_000 ? `a${t - 100_000}` : `t${t}`, bytes: [116] }),
     generate: () => run(),
   } as unknown as ChatEngine;
   const req = CompletionRequestSchema.parse({
@@ -247,3 +249,59 @@ serverTest(
     assert.equal(await longEventLoopStalls(server.url) - stalls, 0, "the refused body held the event loop");
   },
 );
+
+Deno.test("an echoed prompt's log-probabilities are held as numbers while it is processed, not as objects", async () => {
+  // As one object per token and alternative (each with its string and byte array) a 20,000-token echo
+  // with 20 alternatives grew the heap by ~240 MB over its prefill, and every young-generation
+  // collection copied ~4 MB of them: 10-50 ms pauses of every route. Now: two typed arrays.
+  await llamaRuntime("cpu", silentLogger);
+  const modelPath = await resolveSource("builtin:tiny-chat", {
+    cacheDir: new URL("../models/cache", import.meta.url).pathname,
+    hubUrl: "",
+    log: silentLogger,
+  });
+  const engine = await LlamaChatEngine.load(openLlamaLibrary(), {
+    modelPath,
+    gpuLayers: 0,
+    threads: 1,
+    parallel: 1,
+    contextSize: 2048,
+    log: silentLogger,
+  });
+  try {
+    const prompt = await engine.tokenize("word ".repeat(300) + "é€😀 the end", true);
+    const job: ChatJob = {
+      messages: [],
+      tools: [],
+      toolChoice: "none",
+      parallelToolCalls: false,
+      output: { type: "text" },
+      sampling: { temperature: 0 },
+      maxTokens: 1,
+      stop: [],
+      n: 1,
+      logprobs: 20,
+      rawPrompt: prompt,
+      promptLogprobs: true,
+    };
+    let table: PromptLogprobs | undefined;
+    for await (const event of engine.generate(job, new AbortController().signal)) {
+      if (event.type === "prompt_logprobs") table = event.logprobs;
+    }
+    assert.ok(table instanceof PromptLogprobs, "the prompt's log-probabilities are one table");
+    assert.equal(table.length, prompt.length - 1);
+    // Numbers only: 12 bytes for each of the 21 numbers a position (room for the whole prompt at once).
+    assert.ok(table.bytes <= 12 * 21 * prompt.length, `${table.bytes} bytes for ${prompt.length} tokens`);
+    for (let i = 0; i < table.length; i++) {
+      assert.equal(table.token(i), prompt[i + 1]);
+      assert.ok(table.logprob(i) <= 0);
+      assert.equal(table.alternatives(i), 20);
+      for (let j = 1; j < 20; j++) {
+        assert.ok(table.alternativeLogprob(i, j) <= table.alternativeLogprob(i, j - 1));
+      }
+      assert.ok(table.logprob(i) <= table.alternativeLogprob(i, 0));
+    }
+  } finally {
+    await engine.dispose();
+  }
+});

@@ -3,6 +3,7 @@
  * services never see node-llama-cpp or onnxruntime types.
  */
 import type { ApiErrorType } from "../protocol/ops.ts";
+import type { PromptLogprobs } from "./prompt_logprobs.ts";
 
 /** A loaded embedding model. */
 export interface EmbeddingEngine {
@@ -151,8 +152,11 @@ export type ChatEvent =
      */
     startedAt?: number;
   }
-  /** Log-probabilities of the prompt's tokens 2…n given what precedes them (`promptLogprobs`). */
-  | { type: "prompt_logprobs"; entries: TokenLogprobInfo[] }
+  /**
+   * Log-probabilities of the prompt's tokens 2…n given what precedes them (`promptLogprobs`), as
+   * numbers: token texts are the engine's `tokenText`.
+   */
+  | { type: "prompt_logprobs"; logprobs: PromptLogprobs }
   /** The first token was generated (visible text may come later, or never). */
   | { type: "first_token" }
   | { type: "content"; choice: number; text: string }

@@ -8,6 +8,7 @@ import type { Completion, CompletionLogprobs, CompletionRequest } from "../proto
 import type { CompletionUsage } from "../protocol/common.ts";
 import type { ChatEngine, ChatEvent, ChatJob, TokenLogprobInfo } from "../engines/types.ts";
 import { EngineInputError, EngineUpstreamError } from "../engines/types.ts";
+import type { PromptLogprobs } from "../engines/prompt_logprobs.ts";
 import { relayCompletion } from "../engines/upstream/completions.ts";
 import type { UpstreamPool } from "../engines/upstream/pool.ts";
 import type { Logger } from "../log.ts";
@@ -61,22 +62,39 @@ class LegacyLogprobs {
   }
 
   /**
-   * {@link add} of a whole prompt's entries, with a turn of the event loop every `slices` (a
-   * 2,000-token prompt's entries with 20 alternatives each are ~15 ms of work).
+   * The prompt's log-probabilities (`first`: its first token, which has no logprob), with a turn of
+   * the event loop every `slices` (a 2,000-token prompt's entries with 20 alternatives each are ~15
+   * ms of work). Token texts come from `text`, each looked up once: the answer's strings are shared.
    */
-  async addAll(
-    entries: TokenLogprobInfo[],
+  async addPrompt(
+    table: PromptLogprobs,
     first: { token: string },
+    text: (token: number) => string,
     slices: Slicer,
   ): Promise<CompletionLogprobs> {
     const part = this.add([], first);
-    for (let at = 0; at < entries.length; at += 256) {
-      if (slices.due) await slices.pause();
-      const more = this.add(entries.slice(at, at + 256));
-      part.tokens.push(...more.tokens);
-      part.token_logprobs.push(...more.token_logprobs);
-      part.top_logprobs.push(...more.top_logprobs);
-      part.text_offset.push(...more.text_offset);
+    const texts = new Map<number, string>();
+    const textOf = (token: number) => {
+      let t = texts.get(token);
+      if (t === undefined) texts.set(token, t = text(token));
+      return t;
+    };
+    const push = (token: string, logprob: number, top: Record<string, number>) => {
+      for (const target of [this.out, part]) {
+        target.tokens.push(token);
+        target.token_logprobs.push(logprob);
+        target.top_logprobs.push(top);
+        target.text_offset.push(this.#offset);
+      }
+      this.#offset += token.length;
+    };
+    for (let i = 0; i < table.length; i++) {
+      if ((i & 255) === 0 && slices.due) await slices.pause();
+      const top: [string, number][] = [];
+      for (let j = 0, n = table.alternatives(i); j < n; j++) {
+        top.push([textOf(table.alternativeToken(i, j)), table.alternativeLogprob(i, j)]);
+      }
+      push(textOf(table.token(i)), table.logprob(i), Object.fromEntries(top));
     }
     return part;
   }
@@ -118,6 +136,7 @@ export async function createCompletion(
     return new ApiError(500, "server_error", "The model failed while generating.", null, "generation_failed");
   };
   const logprobs = req.logprobs ?? undefined;
+  const tokenText = (token: number) => engine.tokenText(token).token;
   const echo = req.echo ?? false;
   const jobs = prompts.map((tokens): ChatJob => ({
     messages: [],
@@ -194,10 +213,10 @@ export async function createCompletion(
     const slices = new Slicer(10, signal);
     try {
       await Promise.all(prompts.map(async (tokens, p) => {
-        let promptEntries: TokenLogprobInfo[] | undefined;
+        let promptTable: PromptLogprobs | undefined;
         for await (const { index, event } of events(p)) {
           const c = choices[index];
-          if (event.type === "prompt_logprobs") promptEntries = event.entries;
+          if (event.type === "prompt_logprobs") promptTable = event.logprobs;
           else if (event.type === "content") c.text += event.text;
           else if (event.type === "logprobs") c.lp?.add(event.entries);
           else if (event.type === "end") {
@@ -205,12 +224,13 @@ export async function createCompletion(
             c.tokens = event.completionTokens;
           }
         }
-        if (promptEntries) {
+        if (promptTable) {
           // The prompt's log-probabilities lead every choice of this prompt: made once, shared (8
           // choices of a 2,000-token prompt, each made anew, held the event loop for 130 ms).
-          const prompt = await new LegacyLogprobs(0).addAll(
-            promptEntries,
+          const prompt = await new LegacyLogprobs(0).addPrompt(
+            promptTable,
             engine.tokenText(tokens[0]),
+            tokenText,
             slices,
           );
           for (let j = 0; j < n; j++) {
@@ -253,19 +273,24 @@ export async function createCompletion(
       const merged = mergeStreams(prompts.map((_, p) => events(p)));
       const echoed = new Set<number>();
       const slices = new Slicer(10, signal);
-      const echoChunk = async (index: number, entries?: TokenLogprobInfo[]) => {
+      const echoChunk = async (index: number, table?: PromptLogprobs) => {
         const p = Math.floor(index / n);
         echoed.add(index);
         let lp: CompletionLogprobs | null = null;
-        if (logprobs !== undefined && entries) {
-          lp = await new LegacyLogprobs(0).addAll(entries, engine.tokenText(prompts[p][0]), slices);
+        if (logprobs !== undefined && table) {
+          lp = await new LegacyLogprobs(0).addPrompt(
+            table,
+            engine.tokenText(prompts[p][0]),
+            tokenText,
+            slices,
+          );
         }
         return { ...base, choices: [{ text: echoText[p], index, logprobs: lp, finish_reason: null }] };
       };
       for await (const { index, event } of merged) {
         if (event.type === "prompt_logprobs") {
           const p = Math.floor(index / n);
-          for (let j = 0; j < n; j++) yield await echoChunk(p * n + j, event.entries);
+          for (let j = 0; j < n; j++) yield await echoChunk(p * n + j, event.logprobs);
           continue;
         }
         if (echo && !echoed.has(index) && "choice" in event) yield await echoChunk(index);

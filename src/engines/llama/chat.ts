@@ -7,7 +7,7 @@
  * from a job to the scheduler. A job's grammar is `chat_grammar.ts`; a choice's events are
  * `chat_output.ts`; what the chat template tells is `template_facts.ts`.
  */
-import type { ChatEngine, ChatEvent, ChatJob, SamplingOptions, TokenLogprobInfo } from "../types.ts";
+import type { ChatEngine, ChatEvent, ChatJob, SamplingOptions } from "../types.ts";
 import { EngineInputError } from "../types.ts";
 import type { Logger } from "../../log.ts";
 import type { LlamaLibrary } from "./ffi.ts";
@@ -27,6 +27,7 @@ import { DIALECTS, type ToolDialect } from "./dialects/index.ts";
 import { ChatGrammars } from "./chat_grammar.ts";
 import { ChoiceOutput } from "./chat_output.ts";
 import { EventQueue } from "./event_queue.ts";
+import { PromptLogprobs } from "../prompt_logprobs.ts";
 import type { ComputeClient } from "../compute_share.ts";
 
 /** How to load a GGUF chat model. */
@@ -69,6 +70,8 @@ function schedulerTrace(): ((event: Record<string, unknown>) => void) | undefine
 
 /** Prompt tokens per decode step (llama.cpp's micro-batch). */
 const CHUNK = 512;
+/** Token texts (one decoder for all: a token's bytes are decoded whole, without state). */
+const UTF8 = new TextDecoder();
 
 /** A chat model on one llama.cpp context with `parallel` sequences. */
 export class LlamaChatEngine implements ChatEngine {
@@ -344,7 +347,7 @@ export class LlamaChatEngine implements ChatEngine {
       grammar: g,
     }));
     const queue = new EventQueue<ChatEvent>();
-    const promptEntries: TokenLogprobInfo[] = [];
+    const promptLogprobs = new PromptLogprobs(job.logprobs ?? 0, job.promptLogprobs ? tokens.length : 1);
     const outputs = choices.map((_, i) => new ChoiceOutput(i, this, job, inThink, queue, raw));
     let firstToken = false;
     let startedAt: number | undefined;
@@ -361,18 +364,14 @@ export class LlamaChatEngine implements ChatEngine {
       onPromptLogits: job.promptLogprobs
         ? (position, logits) => {
           const lp = logprobsOf(logits, tokens[position + 1], job.logprobs ?? 0);
-          promptEntries.push({
-            ...this.tokenInfo(lp.token),
-            logprob: lp.logprob,
-            top: lp.top.map((t) => ({ ...this.tokenInfo(t.token), logprob: t.logprob })),
-          });
+          promptLogprobs.push(lp.token, lp.logprob, lp.top);
         }
         : undefined,
       signal: stop.signal,
       onStart: () => (startedAt = performance.now()),
       onPrompt: (info) => {
         queue.push({ type: "prompt", ...info, ...(startedAt !== undefined ? { startedAt } : {}) });
-        if (job.promptLogprobs) queue.push({ type: "prompt_logprobs", entries: promptEntries });
+        if (job.promptLogprobs) queue.push({ type: "prompt_logprobs", logprobs: promptLogprobs });
       },
       onToken: (choice, token, logprob) => {
         if (!firstToken) {
@@ -398,7 +397,7 @@ export class LlamaChatEngine implements ChatEngine {
   /** The text and bytes of a token (for log-probabilities). */
   tokenInfo(token: number): { token: string; bytes: number[] } {
     const bytes = this.#model.piece(token);
-    return { token: new TextDecoder().decode(bytes), bytes: Array.from(bytes) };
+    return { token: UTF8.decode(bytes), bytes: Array.from(bytes) };
   }
 
   /** The bytes of a generated token. */
