@@ -442,11 +442,12 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * Whether a short step of `tokens` tokens finishing `inputs` inputs runs as one decode: from the
    * measured times of this context's decodes (pace.ts: one pass = `tokens` with outputs; two = the
    * bodies without, then `inputs` with), each path tried {@link FIRST_SAMPLES} times first and the
-   * other path again every {@link RECHECK_EVERY}-th step. The paths are compared by the least of each
-   * kind's recent times, not their averages: on a shared 2-core machine a decode's wall time swung
-   * 2-100× with the neighbours' load, and averages picked the one-pass path for half the requests of
-   * a 7-token input on tiny-embed, which costs 3.5× the CPU of the two decodes there (5.6 against
-   * 1.6 ms, one thread). Longer steps, and engines given `onePassTokens`, keep the shape rule.
+   * other path again every {@link RECHECK_EVERY}-th step. The paths are compared by the median of each
+   * kind's recent times (pace.ts), not their averages nor their least: on a shared 2-core machine a
+   * decode's wall time swung 2-100× with the neighbours' load, and averages picked the one-pass path
+   * for half the requests of a 7-token input on tiny-embed, which costs 3.5× the CPU of the two
+   * decodes there (5.6 against 1.6 ms, one thread); the least of a kind's times made the choice swing
+   * with one lucky sample. Longer steps, and engines given `onePassTokens`, keep the shape rule.
    */
   #preferOnePass(tokens: number, inputs: number): boolean {
     if (!this.#measured || tokens > MEASURED_STEP) return true;
@@ -459,7 +460,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     const split = [this.#bestDecode(body, false), this.#bestDecode(inputs, true)];
     if (one.samples < FIRST_SAMPLES) return true;
     if (split.some((s) => s.samples < FIRST_SAMPLES)) return false;
-    const choice = one.least <= split[0].least + split[1].least;
+    const choice = one.median <= split[0].median + split[1].median;
     return n % RECHECK_EVERY === 0 ? !choice : choice;
   }
 
@@ -469,7 +470,8 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * small model is a few hundred graph nodes of microseconds each, and every node ends at a barrier
    * of all threads: on the 2-vCPU EPYC a short tiny-embed embedding spent three quarters of its CPU
    * spinning at those barriers with two threads. Both counts are tried {@link FIRST_SAMPLES} times
-   * first, the other one again every {@link RECHECK_EVERY}-th decode of the shape. Only for inputs
+   * first, the other one again every {@link RECHECK_EVERY}-th decode of the shape, and compared by the
+   * median of their recent times (pace.ts: the least of them swung with one lucky sample). Only for inputs
    * under {@link FEW_THREADS_TOKENS} tokens: there both counts give the same bits (llama.cpp's CPU
    * flash attention splits a long KV range between its threads, which rounds differently).
    */
@@ -484,15 +486,15 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     const one = this.#ctx.expectedDecode(tokens, embeddings, 1);
     if (many.samples < FIRST_SAMPLES) return all;
     if (one.samples < FIRST_SAMPLES) return 1;
-    const choice = one.least < many.least ? 1 : all;
+    const choice = one.median < many.median ? 1 : all;
     return n % RECHECK_EVERY === 0 ? (choice === 1 ? all : 1) : choice;
   }
 
   /** The measured time of a short decode with the thread count {@link #threadsFor} prefers. */
-  #bestDecode(tokens: number, embeddings: boolean): { least: number; samples: number } {
+  #bestDecode(tokens: number, embeddings: boolean): { median: number; samples: number } {
     const many = this.#ctx.expectedDecode(tokens, embeddings);
     const one = this.#ctx.expectedDecode(tokens, embeddings, 1);
-    return one.samples >= FIRST_SAMPLES && one.least < many.least ? one : many;
+    return one.samples >= FIRST_SAMPLES && one.median < many.median ? one : many;
   }
 
   /** Every token with its state (mean or CLS pooling), chunk by chunk, dealt out by tokens. */

@@ -540,17 +540,19 @@ export class NativeContext {
   /**
    * The wall time of a decode of `tokens` tokens, with outputs (`embeddings`) or not, in this context:
    * `ms` as expected now (a moving average), `least` the least of the last few (its cost on a quiet
-   * machine: see pace.ts), and how many were measured (0: both NaN).
+   * machine: see pace.ts), `median` their median (what it usually takes), and how many were measured
+   * (0: all NaN).
    */
   expectedDecode(
     tokens: number,
     embeddings: boolean,
     threads = this.threads,
-  ): { ms: number; least: number; samples: number } {
+  ): { ms: number; least: number; median: number; samples: number } {
     const kind = this.#kind(tokens, embeddings, threads);
     return {
       ms: this.#pace.expected(kind) ?? NaN,
       least: this.#pace.least(kind) ?? NaN,
+      median: this.#pace.median(kind) ?? NaN,
       samples: this.#pace.samples(kind),
     };
   }
