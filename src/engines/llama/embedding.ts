@@ -39,6 +39,12 @@ export interface LlamaEmbeddingOptions {
   flashAttention?: FlashAttention;
   /** The model's turn on the machine's compute (see compute_share.ts). */
   compute?: ComputeClient;
+  /**
+   * Short steps of fresh inputs in a second, small context that computes only up to the embeddings
+   * (`#shortPass`): `auto` (default) when a probe decode at load is short enough for the JavaScript
+   * thread, `on`, `off`.
+   */
+  shortPass?: "auto" | "on" | "off";
 }
 
 /** Counters for metrics and tests. */
@@ -110,6 +116,11 @@ const FIRST_SAMPLES = 2;
 const RECHECK_EVERY = 64;
 /** Inputs at least this long always decode with every thread (see `#threadsFor`). */
 const FEW_THREADS_TOKENS = 256;
+/** Most tokens of a step run in the short context (`#shortPass`), and most inputs. */
+const SHORT_PASS_TOKENS = MEASURED_STEP;
+const SHORT_PASS_INPUTS = 16;
+/** Probe decodes at load that decide whether the short context is used (`auto`). */
+const SHORT_PASS_PROBES = 3;
 /** Extra KV cells beyond the longest input, so short inputs are admitted beside a long one. */
 const RESERVE = 2048;
 const POOLING_IDS: Record<string, "mean" | "cls" | "last"> = { "1": "mean", "2": "cls", "3": "last" };
@@ -121,6 +132,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly pooling: "last" | "mean" | "cls";
   readonly #model: NativeModel;
   readonly #ctx: NativeContext;
+  /** The short context (see `#shortPass`), if any; used while `#shortOk`. */
+  readonly #short?: NativeContext;
+  readonly #shortOk: boolean;
+  /** Decodes in the short context. */
+  #shortDecodes = 0;
+  /** The context of the last decode (its threads are the ones to put to sleep when idle). */
+  #last: NativeContext;
   readonly #batch: Batch;
   /** The vocabulary's markup: inputs are text, none of it becomes a special token. */
   readonly #markup: Markup;
@@ -154,9 +172,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     pooling: "last" | "mean" | "cls",
     markup: Markup,
     onePassTokens?: number,
+    short?: { ctx: NativeContext; ok: boolean },
   ) {
     this.#model = model;
     this.#ctx = ctx;
+    this.#last = ctx;
+    this.#short = short?.ctx;
+    this.#shortOk = short?.ok ?? false;
     this.#batch = batch;
     this.#markup = markup;
     this.pooling = pooling;
@@ -202,26 +224,88 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         kvUnified: true,
         compute: opts.compute,
       });
-      const markup = new Markup((await model.scanVocabulary()).markup);
-      return new LlamaEmbeddingEngine(
-        model,
-        ctx,
-        new Batch(lib, batchTokens),
-        pooling,
-        markup,
-        opts.onePassTokens,
-      );
+      const batch = new Batch(lib, batchTokens);
+      let short: { ctx: NativeContext; ok: boolean } | undefined;
+      try {
+        short = await LlamaEmbeddingEngine.#shortContext(model, ctx, batch, opts);
+        const markup = new Markup((await model.scanVocabulary()).markup);
+        return new LlamaEmbeddingEngine(model, ctx, batch, pooling, markup, opts.onePassTokens, short);
+      } catch (e) {
+        short?.ctx.free();
+        batch.free();
+        ctx.free();
+        throw e;
+      }
     } catch (e) {
       model.free();
       throw e;
     }
   }
 
+  /**
+   * The short context (see `#shortPass`) and whether to use it: with `auto`, when the least of a few
+   * probe decodes of {@link SHORT_PASS_TOKENS} tokens in the main context (off this thread, no
+   * outputs: about the short context's work) fits a decode on the JavaScript thread (pace.ts). A large
+   * model on a CPU does not: its short steps stay in the main context, off the thread.
+   */
+  static async #shortContext(
+    model: NativeModel,
+    ctx: NativeContext,
+    batch: Batch,
+    opts: LlamaEmbeddingOptions,
+  ): Promise<{ ctx: NativeContext; ok: boolean } | undefined> {
+    const mode = opts.shortPass ?? "auto";
+    if (mode === "off" || ctx.syncDecodeMs <= 0) return undefined;
+    let ok = mode === "on";
+    if (!ok) {
+      let least = Infinity;
+      for (let i = 0; i < SHORT_PASS_PROBES && least > ctx.syncDecodeMs; i++) {
+        batch.clear();
+        for (let p = 0; p < SHORT_PASS_TOKENS; p++) batch.add(model.eos, p, 0, false);
+        ctx.setEmbeddings(false);
+        const start = performance.now();
+        await ctx.decode(batch);
+        const ms = performance.now() - start;
+        ctx.removeTokens(0, -1, -1);
+        least = Math.min(least, ms);
+        if (ms > 10 * ctx.syncDecodeMs) break; // a large model: no need to ask again
+      }
+      batch.clear();
+      ok = least <= ctx.syncDecodeMs;
+      if (!ok) return undefined;
+    }
+    const short = await NativeContext.create(model, {
+      nCtx: 256,
+      nBatch: SHORT_PASS_TOKENS,
+      nUbatch: SHORT_PASS_TOKENS,
+      nSeqMax: SHORT_PASS_INPUTS,
+      threads: opts.threads,
+      flashAttention: opts.flashAttention,
+      embeddings: true,
+      pooling: "none",
+      kvUnified: true,
+      compute: opts.compute,
+      stopAtEmbeddings: true,
+    });
+    try {
+      batch.clear();
+      for (let p = 0; p < SHORT_PASS_TOKENS; p++) batch.add(model.eos, p, 0, true);
+      await short.warmUp(batch);
+      short.clear();
+      batch.clear();
+    } catch (e) {
+      short.free();
+      throw e;
+    }
+    return { ctx: short, ok };
+  }
+
   counters(): Record<string, number> {
     return {
       tokens_evaluated: this.stats.tokensEvaluated,
       decodes: this.stats.decodes,
-      decodes_fewer_threads: this.#ctx.decodes.fewerThreads,
+      decodes_fewer_threads: this.#ctx.decodes.fewerThreads + (this.#short?.decodes.fewerThreads ?? 0),
+      decodes_short_pass: this.#shortDecodes,
       inputs_embedded: this.stats.inputsDone,
     };
   }
@@ -279,6 +363,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         this.#admit();
         if (this.#active.length === 0) continue;
         try {
+          if (await this.#shortPass()) continue;
           if (this.pooling === "last") await this.#stepLast();
           else await this.#stepAll();
         } catch (e) {
@@ -287,7 +372,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       }
     } finally {
       this.#running = false;
-      this.#ctx.idle();
+      this.#last.idle();
     }
   }
 
@@ -411,6 +496,71 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   }
 
   /**
+   * A short step of fresh inputs (at most {@link SHORT_PASS_TOKENS} tokens, nothing fed yet: a short
+   * request alone, say) as one decode in the short context, on this thread: every token an output, and
+   * the graph computed only up to the embeddings (native.ts, `stopAtEmbeddings`), so none of the
+   * vocabulary projection the main context's output decodes pay. On tiny-embed (2-vCPU EPYC, one
+   * thread) a 7-token input took 0.6-0.75 ms so, against 2.0 in two decodes (1.3 of it the projection of
+   * its last token) and 5.3 in one; the vectors are the same bits. False when the step does not
+   * qualify, or its decodes here were measured too long for this thread (then the main context's path).
+   */
+  async #shortPass(): Promise<boolean> {
+    const short = this.#short;
+    if (!short || !this.#shortOk || this.#active.length > SHORT_PASS_INPUTS) return false;
+    let tokens = 0;
+    for (const input of this.#active) {
+      if (input.fed !== 0) return false;
+      tokens += input.ids.length;
+    }
+    if (tokens > SHORT_PASS_TOKENS) return false;
+    const threads = this.#threadsFor(tokens, true, this.#active, short);
+    const measured = short.expectedDecode(tokens, true, threads);
+    const key = `short:${tokens}`;
+    const n = (this.#shapes.get(key) ?? 0) + 1;
+    this.#shapes.set(key, n);
+    // Measured too long for this thread (a slower machine than the probe's moment): the main path,
+    // tried here again every RECHECK_EVERY-th time.
+    if (measured.samples > 1 && measured.median > short.syncDecodeMs && n % RECHECK_EVERY !== 0) return false;
+    const inputs = [...this.#active];
+    const batch = this.#batch;
+    batch.clear();
+    const at = inputs.map((input, k) => {
+      const first = batch.size;
+      for (let i = 0; i < input.ids.length; i++) batch.add(input.ids[i], i, k, true);
+      return first;
+    });
+    this.stats.decodes++;
+    this.stats.tokensEvaluated += batch.size;
+    this.#shortDecodes++;
+    this.#last = short;
+    const vectors: Float32Array[] = [];
+    try {
+      await short.decode(batch, threads);
+      inputs.forEach((input, k) => vectors.push(this.#pooled(short, at[k], input.ids.length)));
+    } finally {
+      short.clear();
+    }
+    this.#charge(perJob(new Map(inputs.map((input) => [input, input.ids.length]))));
+    inputs.forEach((input, k) => {
+      input.fed = input.ids.length;
+      this.#done(input, vectors[k]);
+    });
+    return true;
+  }
+
+  /** The pooled embedding of an input whose `n` token states start at output `first` of `ctx` (a copy). */
+  #pooled(ctx: NativeContext, first: number, n: number): Float32Array {
+    if (this.pooling === "last") return this.#row(first + n - 1, ctx).slice();
+    if (this.pooling === "cls") return this.#row(first, ctx).slice();
+    const sum = new Float64Array(this.nativeDims);
+    for (let i = 0; i < n; i++) {
+      const row = this.#row(first + i, ctx);
+      for (let d = 0; d < row.length; d++) sum[d] += row[d];
+    }
+    return Float32Array.from(sum, (v) => v / n);
+  }
+
+  /**
    * Short work (a lone short input, say) in one decode with embedding output on: every token is
    * projected onto the vocabulary, which costs less than a second decode when the tokens are few.
    * False when the step is too large or an input would not finish in it.
@@ -475,15 +625,15 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * under {@link FEW_THREADS_TOKENS} tokens: there both counts give the same bits (llama.cpp's CPU
    * flash attention splits a long KV range between its threads, which rounds differently).
    */
-  #threadsFor(tokens: number, embeddings: boolean, inputs: Iterable<Input>): number {
-    const all = this.#ctx.threads;
+  #threadsFor(tokens: number, embeddings: boolean, inputs: Iterable<Input>, ctx = this.#ctx): number {
+    const all = ctx.threads;
     if (!this.#measured || all === 1 || tokens > MEASURED_STEP) return all;
     for (const input of inputs) if (input.ids.length >= FEW_THREADS_TOKENS) return all;
-    const key = `threads:${tokens}:${embeddings}`;
+    const key = `threads:${ctx === this.#ctx ? "" : "short:"}${tokens}:${embeddings}`;
     const n = (this.#shapes.get(key) ?? 0) + 1;
     this.#shapes.set(key, n);
-    const many = this.#ctx.expectedDecode(tokens, embeddings, all);
-    const one = this.#ctx.expectedDecode(tokens, embeddings, 1);
+    const many = ctx.expectedDecode(tokens, embeddings, all);
+    const one = ctx.expectedDecode(tokens, embeddings, 1);
     if (many.samples < FIRST_SAMPLES) return all;
     if (one.samples < FIRST_SAMPLES) return 1;
     const choice = one.median < many.median ? 1 : all;
@@ -530,12 +680,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   async #decode(threads: number) {
     this.stats.decodes++;
     this.stats.tokensEvaluated += this.#batch.size;
+    this.#last = this.#ctx;
     await this.#ctx.decode(this.#batch, threads);
   }
 
-  /** The output state of batch position `i` (a view). */
-  #row(i: number): Float32Array {
-    const ptr = this.#ctx.lib.symbols.llama_get_embeddings_ith(this.#ctx.ptr, i);
+  /** The output state of batch position `i` of `ctx` (a view). */
+  #row(i: number, ctx = this.#ctx): Float32Array {
+    const ptr = ctx.lib.symbols.llama_get_embeddings_ith(ctx.ptr, i);
     return nativeView(Float32Array, ptr, this.nativeDims);
   }
 
@@ -556,6 +707,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   async dispose(): Promise<void> {
     while (this.#running) await new Promise((r) => setTimeout(r, 10));
     this.#batch.free();
+    this.#short?.free();
     this.#ctx.free();
     this.#model.free();
   }
