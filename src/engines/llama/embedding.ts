@@ -119,8 +119,17 @@ const FEW_THREADS_TOKENS = 256;
 /** Most tokens of a step run in the short context (`#shortPass`), and most inputs. */
 const SHORT_PASS_TOKENS = MEASURED_STEP;
 const SHORT_PASS_INPUTS = 16;
-/** Probe decodes at load that decide whether the short context is used (`auto`). */
-const SHORT_PASS_PROBES = 3;
+/** Probe decodes at load that decide whether the short context is made (`auto`). */
+const SHORT_PASS_PROBES = 4;
+/**
+ * The short context is made when the probes' least is at most this many times the longest decode the
+ * JavaScript thread takes (pace.ts, 6 ms): it tells a small model, or a GPU, slowed by a busy machine
+ * (tiny-embed: 0.4-0.5 ms quiet, past 6 on a 2-core machine at load 5) from a large model on a CPU (tens
+ * to thousands of ms). Its unmeasured shapes are tried when the least is within twice that time, then
+ * go by their own medians.
+ */
+const SHORT_PASS_MADE = 10;
+const SHORT_PASS_TRIED = 2;
 /** Extra KV cells beyond the longest input, so short inputs are admitted beside a long one. */
 const RESERVE = 2048;
 const POOLING_IDS: Record<string, "mean" | "cls" | "last"> = { "1": "mean", "2": "cls", "3": "last" };
@@ -132,9 +141,10 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly pooling: "last" | "mean" | "cls";
   readonly #model: NativeModel;
   readonly #ctx: NativeContext;
-  /** The short context (see `#shortPass`), if any; used while `#shortOk`. */
+  /** The short context (see `#shortPass`), if any. */
   readonly #short?: NativeContext;
-  readonly #shortOk: boolean;
+  /** Its shapes not yet measured may be tried (the probes at load were short enough). */
+  readonly #shortTried: boolean;
   /** Decodes in the short context. */
   #shortDecodes = 0;
   /** The context of the last decode (its threads are the ones to put to sleep when idle). */
@@ -172,13 +182,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     pooling: "last" | "mean" | "cls",
     markup: Markup,
     onePassTokens?: number,
-    short?: { ctx: NativeContext; ok: boolean },
+    short?: { ctx: NativeContext; probeMs: number },
   ) {
     this.#model = model;
     this.#ctx = ctx;
     this.#last = ctx;
     this.#short = short?.ctx;
-    this.#shortOk = short?.ok ?? false;
+    this.#shortTried = short !== undefined && short.probeMs <= SHORT_PASS_TRIED * short.ctx.syncDecodeMs;
     this.#batch = batch;
     this.#markup = markup;
     this.pooling = pooling;
@@ -225,7 +235,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         compute: opts.compute,
       });
       const batch = new Batch(lib, batchTokens);
-      let short: { ctx: NativeContext; ok: boolean } | undefined;
+      let short: { ctx: NativeContext; probeMs: number } | undefined;
       try {
         short = await LlamaEmbeddingEngine.#shortContext(model, ctx, batch, opts);
         const markup = new Markup((await model.scanVocabulary()).markup);
@@ -243,36 +253,36 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   }
 
   /**
-   * The short context (see `#shortPass`) and whether to use it: with `auto`, when the least of a few
-   * probe decodes of {@link SHORT_PASS_TOKENS} tokens in the main context (off this thread, no
-   * outputs: about the short context's work) fits a decode on the JavaScript thread (pace.ts). A large
-   * model on a CPU does not: its short steps stay in the main context, off the thread.
+   * The short context (see `#shortPass`) and the least of a few probe decodes of
+   * {@link SHORT_PASS_TOKENS} tokens in the main context (off this thread, no outputs, all threads and
+   * one in turn: about the short context's work), 0 with `on`. With `auto` it is made when that is
+   * within {@link SHORT_PASS_MADE} times a decode on the JavaScript thread (pace.ts): a large model on
+   * a CPU keeps the main context's path, off the thread.
    */
   static async #shortContext(
     model: NativeModel,
     ctx: NativeContext,
     batch: Batch,
     opts: LlamaEmbeddingOptions,
-  ): Promise<{ ctx: NativeContext; ok: boolean } | undefined> {
+  ): Promise<{ ctx: NativeContext; probeMs: number } | undefined> {
     const mode = opts.shortPass ?? "auto";
     if (mode === "off" || ctx.syncDecodeMs <= 0) return undefined;
-    let ok = mode === "on";
-    if (!ok) {
-      let least = Infinity;
-      for (let i = 0; i < SHORT_PASS_PROBES && least > ctx.syncDecodeMs; i++) {
+    let probeMs = 0;
+    if (mode === "auto") {
+      probeMs = Infinity;
+      for (let i = 0; i < SHORT_PASS_PROBES && probeMs > ctx.syncDecodeMs; i++) {
         batch.clear();
         for (let p = 0; p < SHORT_PASS_TOKENS; p++) batch.add(model.eos, p, 0, false);
         ctx.setEmbeddings(false);
         const start = performance.now();
-        await ctx.decode(batch);
+        await ctx.decode(batch, i % 2 === 0 ? ctx.threads : 1);
         const ms = performance.now() - start;
         ctx.removeTokens(0, -1, -1);
-        least = Math.min(least, ms);
-        if (ms > 10 * ctx.syncDecodeMs) break; // a large model: no need to ask again
+        probeMs = Math.min(probeMs, ms);
+        if (ms > 10 * SHORT_PASS_MADE * ctx.syncDecodeMs) break; // a large model: no need to ask again
       }
       batch.clear();
-      ok = least <= ctx.syncDecodeMs;
-      if (!ok) return undefined;
+      if (probeMs > SHORT_PASS_MADE * ctx.syncDecodeMs) return undefined;
     }
     const short = await NativeContext.create(model, {
       nCtx: 256,
@@ -297,7 +307,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       short.free();
       throw e;
     }
-    return { ctx: short, ok };
+    return { ctx: short, probeMs };
   }
 
   counters(): Record<string, number> {
@@ -506,7 +516,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    */
   async #shortPass(): Promise<boolean> {
     const short = this.#short;
-    if (!short || !this.#shortOk || this.#active.length > SHORT_PASS_INPUTS) return false;
+    if (!short || this.#active.length > SHORT_PASS_INPUTS) return false;
     let tokens = 0;
     for (const input of this.#active) {
       if (input.fed !== 0) return false;
@@ -518,9 +528,16 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     const key = `short:${tokens}`;
     const n = (this.#shapes.get(key) ?? 0) + 1;
     this.#shapes.set(key, n);
-    // Measured too long for this thread (a slower machine than the probe's moment): the main path,
-    // tried here again every RECHECK_EVERY-th time.
-    if (measured.samples > 1 && measured.median > short.syncDecodeMs && n % RECHECK_EVERY !== 0) return false;
+    // Not measured yet: tried when the probes at load were short enough. Measured too long for this
+    // thread (a slower machine than the probes'): the main path, tried here again every RECHECK_EVERY-th
+    // time. (Its first decode paid one-time costs: judged from the second on.)
+    if (
+      measured.samples < 2
+        ? !this.#shortTried
+        : measured.median > short.syncDecodeMs && n % RECHECK_EVERY !== 0
+    ) {
+      return false;
+    }
     const inputs = [...this.#active];
     const batch = this.#batch;
     batch.clear();
