@@ -282,6 +282,10 @@ function createMetrics(registry: Registry, share: ComputeShare): Metrics {
       "Model evaluations run on the request thread (short ones, in bursts).",
     ),
     engineCounter(
+      "decodes_short_pass",
+      "Embedding decodes of short steps computed only up to the embeddings (no vocabulary projection).",
+    ),
+    engineCounter(
       "loop_turns",
       "Turns of the event loop between bursts of decodes on the request thread (its sockets polled).",
     ),

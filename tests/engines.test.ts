@@ -32,9 +32,14 @@ async function nativeSetup(name: string) {
 
 /**
  * The built-in tiny-embed model (last-token pooling); `onePassTokens` 0: always two decodes;
- * undefined: short steps choose by measured decode times.
+ * undefined: short steps choose by measured decode times. The short context is off unless asked for:
+ * these tests are about the main context's paths.
  */
-async function tinyEmbed(onePassTokens: number | undefined, threads = 2) {
+async function tinyEmbed(
+  onePassTokens: number | undefined,
+  threads = 2,
+  more: { shortPass?: "on" | "off"; pooling?: "last" | "mean" | "cls" } = {},
+) {
   const { lib, path: modelPath } = await nativeSetup("tiny-embed");
   return await LlamaEmbeddingEngine.load(lib, {
     modelPath,
@@ -42,8 +47,83 @@ async function tinyEmbed(onePassTokens: number | undefined, threads = 2) {
     threads,
     maxInputTokens: 512,
     onePassTokens,
+    shortPass: more.shortPass ?? "off",
+    pooling: more.pooling,
   });
 }
+
+/** The cosine of two vectors. */
+function cosine(a: Float32Array, b: Float32Array): number {
+  let ab = 0, aa = 0, bb = 0;
+  for (let i = 0; i < a.length; i++) [ab, aa, bb] = [ab + a[i] * b[i], aa + a[i] * a[i], bb + b[i] * b[i]];
+  return ab / Math.sqrt(aa * bb);
+}
+
+for (const pooling of ["last", "mean", "cls"] as const) {
+  Deno.test({
+    name: `embeddings (${pooling} pooling): a short request alone is one decode of the short context, ` +
+      "on this thread, computed only up to the embeddings, with the main context's vectors",
+    sanitizeResources: false,
+    sanitizeOps: false,
+    fn: async () => {
+      const short = await tinyEmbed(undefined, 2, { shortPass: "on", pooling });
+      const main = await tinyEmbed(0, 2, { pooling });
+      try {
+        const texts = ["hello", "a sentence about rivers", "¿dónde está la estación?"];
+        const ids = await Promise.all(texts.map((t) => short.tokenize(t)));
+        for (let round = 0; round < 3; round++) {
+          for (const input of ids) {
+            const before = short.counters();
+            const [vector] = await short.embed([input]);
+            const after = short.counters();
+            assert.equal(after.decodes - before.decodes, 1, JSON.stringify(after));
+            assert.equal(after.decodes_short_pass - before.decodes_short_pass, 1, JSON.stringify(after));
+            const [reference] = await main.embed([input]);
+            assert.ok(cosine(vector, reference) > 0.9999, `${cosine(vector, reference)}`);
+          }
+        }
+        // Several short inputs of one request (16 tokens at most in all): one decode for all of them.
+        const few = ids.slice(0, 2);
+        assert.ok(few.reduce((n, x) => n + x.length, 0) <= 16);
+        const before = short.counters();
+        const together = await short.embed(few);
+        assert.equal(short.counters().decodes_short_pass - before.decodes_short_pass, 1);
+        const reference = await main.embed(few);
+        together.forEach((v, i) => assert.ok(cosine(v, reference[i]) > 0.9999, `input ${i}`));
+        assert.equal(main.counters().decodes_short_pass, 0, "off: never");
+      } finally {
+        await short.dispose();
+        await main.dispose();
+      }
+    },
+  });
+}
+
+Deno.test({
+  name: "embeddings: inputs past the short step, or in a step with a long one, take the main context's path",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const engine = await tinyEmbed(undefined, 2, { shortPass: "on" });
+    try {
+      const long = await engine.tokenize("about rivers and stones ".repeat(8));
+      const word = await engine.tokenize("hello");
+      assert.ok(long.length > 16 && word.length <= 16);
+      let before = engine.counters();
+      await engine.embed([long]);
+      assert.equal(engine.counters().decodes_short_pass, before.decodes_short_pass, "17 tokens or more");
+      // With the long input in one step: the main context's step for both.
+      before = engine.counters();
+      await engine.embed([long, word]);
+      assert.equal(engine.counters().decodes_short_pass, before.decodes_short_pass);
+      before = engine.counters();
+      await engine.embed([word]);
+      assert.equal(engine.counters().decodes_short_pass - before.decodes_short_pass, 1, "alone again");
+    } finally {
+      await engine.dispose();
+    }
+  },
+});
 
 /**
  * Starts `engine` on `ids`, cancels at once (its first decode or run is already under way), and
@@ -75,13 +155,6 @@ Deno.test({
         "¿dónde está la estación?",
       ];
       const ids = await Promise.all(texts.map((t) => apart.tokenize(t)));
-      const cosine = (a: Float32Array, b: Float32Array) => {
-        let ab = 0, aa = 0, bb = 0;
-        for (let i = 0; i < a.length; i++) {
-          [ab, aa, bb] = [ab + a[i] * b[i], aa + a[i] * a[i], bb + b[i] * b[i]];
-        }
-        return ab / Math.sqrt(aa * bb);
-      };
       const before = together.counters().decodes;
       // One input alone, then all three in one call: each a single decode on `together`.
       const alone = await together.embed([ids[1]]);

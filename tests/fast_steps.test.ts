@@ -64,6 +64,25 @@ Deno.test("decode pace: a kind runs on the thread once measured short, in bursts
   assert.equal(off.onThread("a"), false, "0: never on the thread");
 });
 
+Deno.test("decode pace: choices go by the median of recent durations, not by one lucky sample", () => {
+  const pace = new DecodePace(4, 8);
+  assert.equal(pace.median("a"), undefined);
+  // The first decode paid one-time costs; then mostly 7.4 ms, once 1.2 (the 2-vCPU EPYC, two threads).
+  for (const ms of [40, 7.4, 1.2, 7.5, 7.3]) pace.record("a", ms, false);
+  assert.equal(pace.least("a"), 1.2);
+  assert.equal(pace.median("a"), 7.35, "the first decode left out, then the median of four");
+  // A kind that always takes 1.4 ms is the faster one by the median, not by the least.
+  for (const ms of [1.5, 1.4, 1.4]) pace.record("b", ms, false);
+  assert.ok(pace.median("b")! < pace.median("a")!);
+  assert.ok(pace.least("b")! > pace.least("a")!);
+  // Past eight decodes, the eight most recent count (the first no longer among them).
+  for (let i = 0; i < 8; i++) pace.record("a", 2, false);
+  assert.equal(pace.median("a"), 2);
+  const one = new DecodePace(4, 8);
+  one.record("c", 5, false);
+  assert.equal(one.median("c"), 5, "a single decode is its own median");
+});
+
 Deno.test("decode pace: the least of a kind's recent durations, and which kinds are short", () => {
   const pace = new DecodePace(4, 8);
   assert.equal(pace.least("a"), undefined);

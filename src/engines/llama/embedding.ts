@@ -39,6 +39,12 @@ export interface LlamaEmbeddingOptions {
   flashAttention?: FlashAttention;
   /** The model's turn on the machine's compute (see compute_share.ts). */
   compute?: ComputeClient;
+  /**
+   * Short steps of fresh inputs in a second, small context that computes only up to the embeddings
+   * (`#shortPass`): `auto` (default) when a probe decode at load is short enough for the JavaScript
+   * thread, `on`, `off`.
+   */
+  shortPass?: "auto" | "on" | "off";
 }
 
 /** Counters for metrics and tests. */
@@ -110,6 +116,20 @@ const FIRST_SAMPLES = 2;
 const RECHECK_EVERY = 64;
 /** Inputs at least this long always decode with every thread (see `#threadsFor`). */
 const FEW_THREADS_TOKENS = 256;
+/** Most tokens of a step run in the short context (`#shortPass`), and most inputs. */
+const SHORT_PASS_TOKENS = MEASURED_STEP;
+const SHORT_PASS_INPUTS = 16;
+/** Probe decodes at load that decide whether the short context is made (`auto`). */
+const SHORT_PASS_PROBES = 4;
+/**
+ * The short context is made when the probes' least is at most this many times the longest decode the
+ * JavaScript thread takes (pace.ts, 6 ms): it tells a small model, or a GPU, slowed by a busy machine
+ * (tiny-embed: 0.4-0.5 ms quiet, past 6 on a 2-core machine at load 5) from a large model on a CPU (tens
+ * to thousands of ms). Its unmeasured shapes are tried when the least is within twice that time, then
+ * go by their own medians.
+ */
+const SHORT_PASS_MADE = 10;
+const SHORT_PASS_TRIED = 2;
 /** Extra KV cells beyond the longest input, so short inputs are admitted beside a long one. */
 const RESERVE = 2048;
 const POOLING_IDS: Record<string, "mean" | "cls" | "last"> = { "1": "mean", "2": "cls", "3": "last" };
@@ -121,6 +141,14 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly pooling: "last" | "mean" | "cls";
   readonly #model: NativeModel;
   readonly #ctx: NativeContext;
+  /** The short context (see `#shortPass`), if any. */
+  readonly #short?: NativeContext;
+  /** Its shapes not yet measured may be tried (the probes at load were short enough). */
+  readonly #shortTried: boolean;
+  /** Decodes in the short context. */
+  #shortDecodes = 0;
+  /** The context of the last decode (its threads are the ones to put to sleep when idle). */
+  #last: NativeContext;
   readonly #batch: Batch;
   /** The vocabulary's markup: inputs are text, none of it becomes a special token. */
   readonly #markup: Markup;
@@ -154,9 +182,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     pooling: "last" | "mean" | "cls",
     markup: Markup,
     onePassTokens?: number,
+    short?: { ctx: NativeContext; probeMs: number },
   ) {
     this.#model = model;
     this.#ctx = ctx;
+    this.#last = ctx;
+    this.#short = short?.ctx;
+    this.#shortTried = short !== undefined && short.probeMs <= SHORT_PASS_TRIED * short.ctx.syncDecodeMs;
     this.#batch = batch;
     this.#markup = markup;
     this.pooling = pooling;
@@ -202,26 +234,88 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         kvUnified: true,
         compute: opts.compute,
       });
-      const markup = new Markup((await model.scanVocabulary()).markup);
-      return new LlamaEmbeddingEngine(
-        model,
-        ctx,
-        new Batch(lib, batchTokens),
-        pooling,
-        markup,
-        opts.onePassTokens,
-      );
+      const batch = new Batch(lib, batchTokens);
+      let short: { ctx: NativeContext; probeMs: number } | undefined;
+      try {
+        short = await LlamaEmbeddingEngine.#shortContext(model, ctx, batch, opts);
+        const markup = new Markup((await model.scanVocabulary()).markup);
+        return new LlamaEmbeddingEngine(model, ctx, batch, pooling, markup, opts.onePassTokens, short);
+      } catch (e) {
+        short?.ctx.free();
+        batch.free();
+        ctx.free();
+        throw e;
+      }
     } catch (e) {
       model.free();
       throw e;
     }
   }
 
+  /**
+   * The short context (see `#shortPass`) and the least of a few probe decodes of
+   * {@link SHORT_PASS_TOKENS} tokens in the main context (off this thread, no outputs, all threads and
+   * one in turn: about the short context's work), 0 with `on`. With `auto` it is made when that is
+   * within {@link SHORT_PASS_MADE} times a decode on the JavaScript thread (pace.ts): a large model on
+   * a CPU keeps the main context's path, off the thread.
+   */
+  static async #shortContext(
+    model: NativeModel,
+    ctx: NativeContext,
+    batch: Batch,
+    opts: LlamaEmbeddingOptions,
+  ): Promise<{ ctx: NativeContext; probeMs: number } | undefined> {
+    const mode = opts.shortPass ?? "auto";
+    if (mode === "off" || ctx.syncDecodeMs <= 0) return undefined;
+    let probeMs = 0;
+    if (mode === "auto") {
+      probeMs = Infinity;
+      for (let i = 0; i < SHORT_PASS_PROBES && probeMs > ctx.syncDecodeMs; i++) {
+        batch.clear();
+        for (let p = 0; p < SHORT_PASS_TOKENS; p++) batch.add(model.eos, p, 0, false);
+        ctx.setEmbeddings(false);
+        const start = performance.now();
+        await ctx.decode(batch, i % 2 === 0 ? ctx.threads : 1);
+        const ms = performance.now() - start;
+        ctx.removeTokens(0, -1, -1);
+        probeMs = Math.min(probeMs, ms);
+        if (ms > 10 * SHORT_PASS_MADE * ctx.syncDecodeMs) break; // a large model: no need to ask again
+      }
+      batch.clear();
+      if (probeMs > SHORT_PASS_MADE * ctx.syncDecodeMs) return undefined;
+    }
+    const short = await NativeContext.create(model, {
+      nCtx: 256,
+      nBatch: SHORT_PASS_TOKENS,
+      nUbatch: SHORT_PASS_TOKENS,
+      nSeqMax: SHORT_PASS_INPUTS,
+      threads: opts.threads,
+      flashAttention: opts.flashAttention,
+      embeddings: true,
+      pooling: "none",
+      kvUnified: true,
+      compute: opts.compute,
+      stopAtEmbeddings: true,
+    });
+    try {
+      batch.clear();
+      for (let p = 0; p < SHORT_PASS_TOKENS; p++) batch.add(model.eos, p, 0, true);
+      await short.warmUp(batch);
+      short.clear();
+      batch.clear();
+    } catch (e) {
+      short.free();
+      throw e;
+    }
+    return { ctx: short, probeMs };
+  }
+
   counters(): Record<string, number> {
     return {
       tokens_evaluated: this.stats.tokensEvaluated,
       decodes: this.stats.decodes,
-      decodes_fewer_threads: this.#ctx.decodes.fewerThreads,
+      decodes_fewer_threads: this.#ctx.decodes.fewerThreads + (this.#short?.decodes.fewerThreads ?? 0),
+      decodes_short_pass: this.#shortDecodes,
       inputs_embedded: this.stats.inputsDone,
     };
   }
@@ -279,6 +373,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
         this.#admit();
         if (this.#active.length === 0) continue;
         try {
+          if (await this.#shortPass()) continue;
           if (this.pooling === "last") await this.#stepLast();
           else await this.#stepAll();
         } catch (e) {
@@ -287,7 +382,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       }
     } finally {
       this.#running = false;
-      this.#ctx.idle();
+      this.#last.idle();
     }
   }
 
@@ -411,6 +506,78 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   }
 
   /**
+   * A short step of fresh inputs (at most {@link SHORT_PASS_TOKENS} tokens, nothing fed yet: a short
+   * request alone, say) as one decode in the short context, on this thread: every token an output, and
+   * the graph computed only up to the embeddings (native.ts, `stopAtEmbeddings`), so none of the
+   * vocabulary projection the main context's output decodes pay. On tiny-embed (2-vCPU EPYC, one
+   * thread) a 7-token input took 0.6-0.75 ms so, against 2.0 in two decodes (1.3 of it the projection of
+   * its last token) and 5.3 in one; the vectors are the same bits. False when the step does not
+   * qualify, or its decodes here were measured too long for this thread (then the main context's path).
+   */
+  async #shortPass(): Promise<boolean> {
+    const short = this.#short;
+    if (!short || this.#active.length > SHORT_PASS_INPUTS) return false;
+    let tokens = 0;
+    for (const input of this.#active) {
+      if (input.fed !== 0) return false;
+      tokens += input.ids.length;
+    }
+    if (tokens > SHORT_PASS_TOKENS) return false;
+    const threads = this.#threadsFor(tokens, true, this.#active, short);
+    const measured = short.expectedDecode(tokens, true, threads);
+    const key = `short:${tokens}`;
+    const n = (this.#shapes.get(key) ?? 0) + 1;
+    this.#shapes.set(key, n);
+    // Not measured yet: tried when the probes at load were short enough. Measured too long for this
+    // thread (a slower machine than the probes'): the main path, tried here again every RECHECK_EVERY-th
+    // time. (Its first decode paid one-time costs: judged from the second on.)
+    if (
+      measured.samples < 2
+        ? !this.#shortTried
+        : measured.median > short.syncDecodeMs && n % RECHECK_EVERY !== 0
+    ) {
+      return false;
+    }
+    const inputs = [...this.#active];
+    const batch = this.#batch;
+    batch.clear();
+    const at = inputs.map((input, k) => {
+      const first = batch.size;
+      for (let i = 0; i < input.ids.length; i++) batch.add(input.ids[i], i, k, true);
+      return first;
+    });
+    this.stats.decodes++;
+    this.stats.tokensEvaluated += batch.size;
+    this.#shortDecodes++;
+    this.#last = short;
+    const vectors: Float32Array[] = [];
+    try {
+      await short.decode(batch, threads);
+      inputs.forEach((input, k) => vectors.push(this.#pooled(short, at[k], input.ids.length)));
+    } finally {
+      short.clear();
+    }
+    this.#charge(perJob(new Map(inputs.map((input) => [input, input.ids.length]))));
+    inputs.forEach((input, k) => {
+      input.fed = input.ids.length;
+      this.#done(input, vectors[k]);
+    });
+    return true;
+  }
+
+  /** The pooled embedding of an input whose `n` token states start at output `first` of `ctx` (a copy). */
+  #pooled(ctx: NativeContext, first: number, n: number): Float32Array {
+    if (this.pooling === "last") return this.#row(first + n - 1, ctx).slice();
+    if (this.pooling === "cls") return this.#row(first, ctx).slice();
+    const sum = new Float64Array(this.nativeDims);
+    for (let i = 0; i < n; i++) {
+      const row = this.#row(first + i, ctx);
+      for (let d = 0; d < row.length; d++) sum[d] += row[d];
+    }
+    return Float32Array.from(sum, (v) => v / n);
+  }
+
+  /**
    * Short work (a lone short input, say) in one decode with embedding output on: every token is
    * projected onto the vocabulary, which costs less than a second decode when the tokens are few.
    * False when the step is too large or an input would not finish in it.
@@ -442,11 +609,12 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * Whether a short step of `tokens` tokens finishing `inputs` inputs runs as one decode: from the
    * measured times of this context's decodes (pace.ts: one pass = `tokens` with outputs; two = the
    * bodies without, then `inputs` with), each path tried {@link FIRST_SAMPLES} times first and the
-   * other path again every {@link RECHECK_EVERY}-th step. The paths are compared by the least of each
-   * kind's recent times, not their averages: on a shared 2-core machine a decode's wall time swung
-   * 2-100× with the neighbours' load, and averages picked the one-pass path for half the requests of
-   * a 7-token input on tiny-embed, which costs 3.5× the CPU of the two decodes there (5.6 against
-   * 1.6 ms, one thread). Longer steps, and engines given `onePassTokens`, keep the shape rule.
+   * other path again every {@link RECHECK_EVERY}-th step. The paths are compared by the median of each
+   * kind's recent times (pace.ts), not their averages nor their least: on a shared 2-core machine a
+   * decode's wall time swung 2-100× with the neighbours' load, and averages picked the one-pass path
+   * for half the requests of a 7-token input on tiny-embed, which costs 3.5× the CPU of the two
+   * decodes there (5.6 against 1.6 ms, one thread); the least of a kind's times made the choice swing
+   * with one lucky sample. Longer steps, and engines given `onePassTokens`, keep the shape rule.
    */
   #preferOnePass(tokens: number, inputs: number): boolean {
     if (!this.#measured || tokens > MEASURED_STEP) return true;
@@ -459,7 +627,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     const split = [this.#bestDecode(body, false), this.#bestDecode(inputs, true)];
     if (one.samples < FIRST_SAMPLES) return true;
     if (split.some((s) => s.samples < FIRST_SAMPLES)) return false;
-    const choice = one.least <= split[0].least + split[1].least;
+    const choice = one.median <= split[0].median + split[1].median;
     return n % RECHECK_EVERY === 0 ? !choice : choice;
   }
 
@@ -469,30 +637,31 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * small model is a few hundred graph nodes of microseconds each, and every node ends at a barrier
    * of all threads: on the 2-vCPU EPYC a short tiny-embed embedding spent three quarters of its CPU
    * spinning at those barriers with two threads. Both counts are tried {@link FIRST_SAMPLES} times
-   * first, the other one again every {@link RECHECK_EVERY}-th decode of the shape. Only for inputs
+   * first, the other one again every {@link RECHECK_EVERY}-th decode of the shape, and compared by the
+   * median of their recent times (pace.ts: the least of them swung with one lucky sample). Only for inputs
    * under {@link FEW_THREADS_TOKENS} tokens: there both counts give the same bits (llama.cpp's CPU
    * flash attention splits a long KV range between its threads, which rounds differently).
    */
-  #threadsFor(tokens: number, embeddings: boolean, inputs: Iterable<Input>): number {
-    const all = this.#ctx.threads;
+  #threadsFor(tokens: number, embeddings: boolean, inputs: Iterable<Input>, ctx = this.#ctx): number {
+    const all = ctx.threads;
     if (!this.#measured || all === 1 || tokens > MEASURED_STEP) return all;
     for (const input of inputs) if (input.ids.length >= FEW_THREADS_TOKENS) return all;
-    const key = `threads:${tokens}:${embeddings}`;
+    const key = `threads:${ctx === this.#ctx ? "" : "short:"}${tokens}:${embeddings}`;
     const n = (this.#shapes.get(key) ?? 0) + 1;
     this.#shapes.set(key, n);
-    const many = this.#ctx.expectedDecode(tokens, embeddings, all);
-    const one = this.#ctx.expectedDecode(tokens, embeddings, 1);
+    const many = ctx.expectedDecode(tokens, embeddings, all);
+    const one = ctx.expectedDecode(tokens, embeddings, 1);
     if (many.samples < FIRST_SAMPLES) return all;
     if (one.samples < FIRST_SAMPLES) return 1;
-    const choice = one.least < many.least ? 1 : all;
+    const choice = one.median < many.median ? 1 : all;
     return n % RECHECK_EVERY === 0 ? (choice === 1 ? all : 1) : choice;
   }
 
   /** The measured time of a short decode with the thread count {@link #threadsFor} prefers. */
-  #bestDecode(tokens: number, embeddings: boolean): { least: number; samples: number } {
+  #bestDecode(tokens: number, embeddings: boolean): { median: number; samples: number } {
     const many = this.#ctx.expectedDecode(tokens, embeddings);
     const one = this.#ctx.expectedDecode(tokens, embeddings, 1);
-    return one.samples >= FIRST_SAMPLES && one.least < many.least ? one : many;
+    return one.samples >= FIRST_SAMPLES && one.median < many.median ? one : many;
   }
 
   /** Every token with its state (mean or CLS pooling), chunk by chunk, dealt out by tokens. */
@@ -528,12 +697,13 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   async #decode(threads: number) {
     this.stats.decodes++;
     this.stats.tokensEvaluated += this.#batch.size;
+    this.#last = this.#ctx;
     await this.#ctx.decode(this.#batch, threads);
   }
 
-  /** The output state of batch position `i` (a view). */
-  #row(i: number): Float32Array {
-    const ptr = this.#ctx.lib.symbols.llama_get_embeddings_ith(this.#ctx.ptr, i);
+  /** The output state of batch position `i` of `ctx` (a view). */
+  #row(i: number, ctx = this.#ctx): Float32Array {
+    const ptr = ctx.lib.symbols.llama_get_embeddings_ith(ctx.ptr, i);
     return nativeView(Float32Array, ptr, this.nativeDims);
   }
 
@@ -554,6 +724,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   async dispose(): Promise<void> {
     while (this.#running) await new Promise((r) => setTimeout(r, 10));
     this.#batch.free();
+    this.#short?.free();
     this.#ctx.free();
     this.#model.free();
   }

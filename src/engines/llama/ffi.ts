@@ -45,6 +45,8 @@ export const CONTEXT_PARAMS = {
   poolingType: 44,
   attentionType: 48,
   flashAttnType: 52,
+  /** `cb_eval`: called by ggml's scheduler before and after graph nodes (see native.ts). */
+  cbEval: 88,
   typeK: 104,
   typeV: 108,
   embeddings: 128,

@@ -415,6 +415,43 @@ export interface ContextOptions {
   pace?: DecodePace;
   /** The model's turn on the machine's compute (see compute_share.ts); absent: first come, first served. */
   compute?: ComputeClient;
+  /**
+   * Compute each decode only up to the final norm, the embeddings (see {@link stopAtEmbeddings}): the
+   * projection onto the vocabulary, which llama.cpp computes for every output, is skipped; logits are
+   * not to be read. Every decode of such a context runs on the JavaScript thread (the callback that
+   * stops the graph is ours), so it is for short decodes only.
+   */
+  stopAtEmbeddings?: boolean;
+}
+
+/** Where a `ggml_tensor`'s name begins (after type, buffer, ne, nb, op, op_params, flags, src[10], view, data). */
+const TENSOR_NAME = 256;
+/** The names llama.cpp gives the embeddings (the final norm's output) in its graphs. */
+const EMBEDDINGS_NODES = new Set(["result_norm", "result_embd_pooled"]);
+let stopCallback:
+  | Deno.UnsafeCallback<{ parameters: ["pointer", "bool", "pointer"]; result: "bool" }>
+  | undefined;
+
+/**
+ * The `cb_eval` of a context made with {@link ContextOptions.stopAtEmbeddings}. ggml's scheduler asks
+ * it before each node whether the node's result is wanted; for the embeddings' node it says yes, and
+ * when then told the node is computed it says stop: the rest of the graph, the projection of every
+ * output onto the vocabulary (151k rows: on tiny-embed 1.3 ms of a 7-token input's 2.0 in two decodes,
+ * and 5 ms in one), is not computed. A graph without such a node is computed whole, as without it.
+ * Called on the thread that runs the decode, which must be this one (see {@link NativeContext.decode}).
+ */
+function stopAtEmbeddings(): Deno.PointerObject {
+  stopCallback ??= new Deno.UnsafeCallback(
+    { parameters: ["pointer", "bool", "pointer"], result: "bool" } as const,
+    (tensor, ask) => {
+      if (!ask) return false; // the embeddings are computed: stop here
+      if (!tensor) return false;
+      const view = new Deno.UnsafePointerView(tensor);
+      // (Most nodes' names do not start with "r": one byte read instead of a string.)
+      return view.getUint8(TENSOR_NAME) === 0x72 && EMBEDDINGS_NODES.has(view.getCString(TENSOR_NAME));
+    },
+  );
+  return stopCallback.pointer;
 }
 
 /** The `flash_attn_type` values of llama.cpp's context parameters. */
@@ -472,6 +509,8 @@ export class NativeContext {
     decodePace: DecodePace,
     readonly threads: number,
     readonly compute?: ComputeClient,
+    /** Made with {@link ContextOptions.stopAtEmbeddings}: every decode on this thread. */
+    readonly syncOnly = false,
   ) {
     const s = lib.symbols;
     this.#threadsNow = threads;
@@ -511,6 +550,9 @@ export class NativeContext {
     params[CONTEXT_PARAMS.kvUnified] = opts.kvUnified ? 1 : 0;
     params[CONTEXT_PARAMS.noPerf] = 1;
     v.setInt32(CONTEXT_PARAMS.flashAttnType, FLASH_ATTENTION[opts.flashAttention ?? "auto"], true);
+    if (opts.stopAtEmbeddings) {
+      v.setBigUint64(CONTEXT_PARAMS.cbEval, BigInt(Deno.UnsafePointer.value(stopAtEmbeddings())), true);
+    }
     const ptr = await lib.symbols.llama_init_from_model(model.ptr, params);
     if (ptr) {
       const pool = lib.threadpool(opts.threads);
@@ -533,7 +575,13 @@ export class NativeContext {
       opts.pace ?? pace,
       opts.threads,
       opts.compute,
+      opts.stopAtEmbeddings ?? false,
     );
+  }
+
+  /** The longest decode expected to run on the JavaScript thread, ms (pace.ts; 0: none does). */
+  get syncDecodeMs(): number {
+    return this.#pace.maxStepMs;
   }
 
   /**
@@ -548,17 +596,19 @@ export class NativeContext {
   /**
    * The wall time of a decode of `tokens` tokens, with outputs (`embeddings`) or not, in this context:
    * `ms` as expected now (a moving average), `least` the least of the last few (its cost on a quiet
-   * machine: see pace.ts), and how many were measured (0: both NaN).
+   * machine: see pace.ts), `median` their median (what it usually takes), and how many were measured
+   * (0: all NaN).
    */
   expectedDecode(
     tokens: number,
     embeddings: boolean,
     threads = this.threads,
-  ): { ms: number; least: number; samples: number } {
+  ): { ms: number; least: number; median: number; samples: number } {
     const kind = this.#kind(tokens, embeddings, threads);
     return {
       ms: this.#pace.expected(kind) ?? NaN,
       least: this.#pace.least(kind) ?? NaN,
+      median: this.#pace.median(kind) ?? NaN,
       samples: this.#pace.samples(kind),
     };
   }
@@ -582,6 +632,22 @@ export class NativeContext {
     this.#pace.rest();
     this.compute?.idle();
     if (this.#threadsNow === this.threads || this.threads === 1) this.lib.idle();
+  }
+
+  /**
+   * A first decode of `batch` off this thread, for a context made with
+   * {@link ContextOptions.stopAtEmbeddings}: its one-time costs (buffers sized, the graph allocated:
+   * 118 ms on tiny-embed) are paid without holding the event loop. Its callback then runs on this
+   * thread through the event loop, node by node (slow, but once); its time is not kept as its shape's.
+   */
+  async warmUp(batch: Batch): Promise<void> {
+    stopCallback?.ref();
+    try {
+      const r = await this.#computeStep(() => this.lib.symbols.llama_decode(this.ptr, batch.struct()));
+      if (r !== 0) throw new Error(`llama_decode failed with code ${r}`);
+    } finally {
+      stopCallback?.unref();
+    }
   }
 
   /** Native compute in this model's turn (one call at a time in the process). */
@@ -625,7 +691,7 @@ export class NativeContext {
       this.decodes.turns++;
     }
     const start = performance.now();
-    const now = !copying && this.#pace.onThread(kind)
+    const now = this.syncOnly || (!copying && this.#pace.onThread(kind))
       ? this.#computeNow(() => s.llama_decode_sync(this.ptr, batch.struct()))
       : undefined;
     let r: number;
@@ -633,6 +699,18 @@ export class NativeContext {
       r = now.result;
       // Wall time, not the thread's CPU: it bounds how long what the streams wrote waits to be sent.
       this.#pace.record(kind, performance.now() - start, true);
+      this.decodes.onThread++;
+    } else if (this.syncOnly) {
+      // Compute is queued or another model holds the turn: this thread's decode once it is granted
+      // (ggml calls this context's callback on the thread that decodes).
+      let ms = 0;
+      r = await this.#computeStep(() => {
+        const t = performance.now();
+        const result = s.llama_decode_sync(this.ptr, batch.struct());
+        ms = performance.now() - t;
+        return Promise.resolve(result);
+      });
+      this.#pace.record(kind, ms, true);
       this.decodes.onThread++;
     } else {
       let ms = 0;
