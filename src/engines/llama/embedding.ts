@@ -257,7 +257,10 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
    * {@link SHORT_PASS_TOKENS} tokens in the main context (off this thread, no outputs, all threads and
    * one in turn: about the short context's work), 0 with `on`. With `auto` it is made when that is
    * within {@link SHORT_PASS_MADE} times a decode on the JavaScript thread (pace.ts): a large model on
-   * a CPU keeps the main context's path, off the thread.
+   * a CPU keeps the main context's path, off the thread. With `auto`, only for a model on the CPU: on a
+   * GPU the projection of a step's last tokens is a sliver of the step, while the callback costs about
+   * a microsecond per graph node (~1,100 on an 8B model) and syncs the device at the norm, and the
+   * memory plan (src/plan/memory.ts), which matters there, does not count the second context.
    */
   static async #shortContext(
     model: NativeModel,
@@ -266,7 +269,9 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     opts: LlamaEmbeddingOptions,
   ): Promise<{ ctx: NativeContext; probeMs: number } | undefined> {
     const mode = opts.shortPass ?? "auto";
-    if (mode === "off" || ctx.syncDecodeMs <= 0) return undefined;
+    if (mode === "off" || ctx.syncDecodeMs <= 0 || (mode === "auto" && opts.gpuLayers !== 0)) {
+      return undefined;
+    }
     let probeMs = 0;
     if (mode === "auto") {
       probeMs = Infinity;
