@@ -13,6 +13,7 @@ import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
 import { Batch, NativeContext, NativeModel } from "../src/engines/llama/native.ts";
 import { Scheduler } from "../src/engines/llama/scheduler.ts";
+import { shortPassDue } from "../src/engines/llama/embedding.ts";
 import { TokenSampler } from "../src/engines/llama/sampler.ts";
 
 const CACHE = new URL("../models/cache", import.meta.url).pathname;
@@ -81,6 +82,23 @@ Deno.test("decode pace: choices go by the median of recent durations, not by one
   const one = new DecodePace(4, 8);
   one.record("c", 5, false);
   assert.equal(one.median("c"), 5, "a single decode is its own median");
+});
+
+Deno.test("short embedding pass: an unmeasured shape is tried once the main context's live figures allow", () => {
+  const base = { samples: 0, median: NaN, n: 1, tried: false, mainMs: NaN, limitMs: 6 };
+  // Probes at load short enough: tried at once, whatever the main context says.
+  assert.equal(shortPassDue({ ...base, tried: true }), true);
+  // Probes at load too long to try (a machine busy at load): tried once the main context's decodes of
+  // the step are within twice the thread's limit. (Before, never: the short context, made, sat unused.)
+  assert.equal(shortPassDue(base), false, "nothing measured yet");
+  assert.equal(shortPassDue({ ...base, mainMs: 13 }), false, "the main context's figures too long");
+  assert.equal(shortPassDue({ ...base, mainMs: 3 }), true);
+  assert.equal(shortPassDue({ ...base, samples: 1, mainMs: 3 }), true, "its second decode too");
+  // Measured: by its median, and again every 64th step when too long.
+  const measured = { ...base, samples: 2, mainMs: 3 };
+  assert.equal(shortPassDue({ ...measured, median: 5 }), true);
+  assert.equal(shortPassDue({ ...measured, median: 7, n: 63 }), false);
+  assert.equal(shortPassDue({ ...measured, median: 7, n: 64 }), true);
 });
 
 Deno.test("decode pace: the least of a kind's recent durations, and which kinds are short", () => {

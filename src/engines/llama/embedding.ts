@@ -125,8 +125,8 @@ const SHORT_PASS_PROBES = 4;
  * The short context is made when the probes' least is at most this many times the longest decode the
  * JavaScript thread takes (pace.ts, 6 ms): it tells a small model, or a GPU, slowed by a busy machine
  * (tiny-embed: 0.4-0.5 ms quiet, past 6 on a 2-core machine at load 5) from a large model on a CPU (tens
- * to thousands of ms). Its unmeasured shapes are tried when the least is within twice that time, then
- * go by their own medians.
+ * to thousands of ms). Its unmeasured shapes are tried when the least is within twice that time, else
+ * once the main context's own decodes of the step are ({@link shortPassDue}), then go by their own medians.
  */
 const SHORT_PASS_MADE = 10;
 const SHORT_PASS_TRIED = 2;
@@ -143,7 +143,7 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
   readonly #ctx: NativeContext;
   /** The short context (see `#shortPass`), if any. */
   readonly #short?: NativeContext;
-  /** Its shapes not yet measured may be tried (the probes at load were short enough). */
+  /** Its shapes not yet measured may be tried at once (the probes at load were short enough). */
   readonly #shortTried: boolean;
   /** Decodes in the short context. */
   #shortDecodes = 0;
@@ -533,16 +533,15 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
     const key = `short:${tokens}`;
     const n = (this.#shapes.get(key) ?? 0) + 1;
     this.#shapes.set(key, n);
-    // Not measured yet: tried when the probes at load were short enough. Measured too long for this
-    // thread (a slower machine than the probes'): the main path, tried here again every RECHECK_EVERY-th
-    // time. (Its first decode paid one-time costs: judged from the second on.)
-    if (
-      measured.samples < 2
-        ? !this.#shortTried
-        : measured.median > short.syncDecodeMs && n % RECHECK_EVERY !== 0
-    ) {
-      return false;
-    }
+    const due = shortPassDue({
+      samples: measured.samples,
+      median: measured.median,
+      n,
+      tried: this.#shortTried,
+      mainMs: measured.samples < 2 ? this.#mainStepMs(tokens, this.#active.length) : NaN,
+      limitMs: short.syncDecodeMs,
+    });
+    if (!due) return false;
     const inputs = [...this.#active];
     const batch = this.#batch;
     batch.clear();
@@ -568,6 +567,23 @@ export class LlamaEmbeddingEngine implements EmbeddingEngine {
       this.#done(input, vectors[k]);
     });
     return true;
+  }
+
+  /**
+   * What a short step of `tokens` tokens finishing `inputs` inputs takes in the main context now (the
+   * median of its recent decodes, NaN: not measured): its one-pass decode (with the projection: more
+   * than the short context's work), or its bodies' decode without outputs scaled to `tokens` tokens,
+   * whichever is less. The question of the probes at load, asked again with live figures.
+   */
+  #mainStepMs(tokens: number, inputs: number): number {
+    const one = this.#bestDecode(tokens, true);
+    const body = tokens - inputs;
+    const bodies = body > 0 ? this.#bestDecode(body, false) : { median: NaN, samples: 0 };
+    const ms = [
+      one.samples > 0 ? one.median : NaN,
+      bodies.samples > 0 ? bodies.median * tokens / body : NaN,
+    ].filter((x) => !Number.isNaN(x));
+    return ms.length > 0 ? Math.min(...ms) : NaN;
   }
 
   /** The pooled embedding of an input whose `n` token states start at output `first` of `ctx` (a copy). */
@@ -781,4 +797,38 @@ function perJob(plan: Map<Input, number>): Map<Job, number> {
   const out = new Map<Job, number>();
   for (const [input, n] of plan) out.set(input.job, (out.get(input.job) ?? 0) + n);
   return out;
+}
+
+/** What decides whether a short step runs in the short context (see {@link shortPassDue}). */
+export interface ShortPassFigures {
+  /** Decodes of the step's shape measured in the short context, and their median (ms; pace.ts). */
+  samples: number;
+  median: number;
+  /** The shape's short steps so far, this one included. */
+  n: number;
+  /** The probes at load were short enough to try unmeasured shapes at once. */
+  tried: boolean;
+  /** What the step takes in the main context now (ms, NaN: not measured; `#mainStepMs`). */
+  mainMs: number;
+  /** The longest decode for the JavaScript thread (pace.ts). */
+  limitMs: number;
+}
+
+/**
+ * Whether a short step runs in the short context, on the JavaScript thread. A shape measured there
+ * (its first decode paid one-time costs: judged from the second on) goes by its median: too long for
+ * this thread, the main context's path, tried here again every {@link RECHECK_EVERY}-th time. A shape
+ * not measured yet is tried when the probes at load were within {@link SHORT_PASS_TRIED} times the
+ * thread's limit, or else once the main context's live figures for the step are (a machine busy at
+ * load: the spec-embed stand-in's probes took 8.6-13.3 ms against a 12 ms cut, and with the cut passed
+ * its short context, made, was never used).
+ *
+ * @example
+ * ```ts
+ * shortPassDue({ samples: 0, median: NaN, n: 1, tried: false, mainMs: 3, limitMs: 6 }); // true
+ * ```
+ */
+export function shortPassDue(f: ShortPassFigures): boolean {
+  if (f.samples < 2) return f.tried || f.mainMs <= SHORT_PASS_TRIED * f.limitMs;
+  return f.median <= f.limitMs || f.n % RECHECK_EVERY === 0;
 }
