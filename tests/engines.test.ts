@@ -100,6 +100,60 @@ for (const pooling of ["last", "mean", "cls"] as const) {
 }
 
 Deno.test({
+  name: "a context stopped at the embeddings: the same embedding bits as a whole graph, its vocabulary " +
+    "projection not computed (its logits are not the model's)",
+  sanitizeResources: false,
+  sanitizeOps: false,
+  fn: async () => {
+    const { lib, path } = await nativeSetup("tiny-embed");
+    const model = await NativeModel.load(lib, path, 0);
+    const open = (stopAtEmbeddings: boolean) =>
+      NativeContext.create(model, {
+        nCtx: 256,
+        nBatch: 16,
+        nUbatch: 16,
+        nSeqMax: 2,
+        threads: 1,
+        embeddings: true,
+        pooling: "none",
+        kvUnified: true,
+        stopAtEmbeddings,
+      });
+    const [stopped, whole] = [await open(true), await open(false)];
+    const batch = new Batch(lib, 16);
+    try {
+      const fill = (n: number) => {
+        batch.clear();
+        for (let i = 0; i < n; i++) batch.add(100 + 37 * i, i, 0, true);
+      };
+      fill(16);
+      await stopped.warmUp(batch);
+      stopped.clear();
+      const row = (ctx: NativeContext, i: number) =>
+        nativeView(Float32Array, lib.symbols.llama_get_embeddings_ith(ctx.ptr, i), model.nEmbd).slice();
+      for (const n of [1, 7, 16]) {
+        const out = [];
+        for (const ctx of [stopped, whole]) {
+          fill(n);
+          await ctx.decode(batch);
+          out.push({ embd: row(ctx, n - 1), logits: ctx.logits(n - 1).slice(0, 64) });
+          ctx.clear();
+        }
+        assert.deepEqual(out[0].embd, out[1].embd, `${n} tokens: the embeddings`);
+        assert.notDeepEqual(out[0].logits, out[1].logits, `${n} tokens: the projection was computed`);
+      }
+      assert.equal(stopped.decodes.offThread, 0, "every decode of the stopped context on this thread");
+      assert.equal(stopped.decodes.onThread, 3);
+    } finally {
+      batch.free();
+      stopped.free();
+      whole.free();
+      model.free();
+    }
+  },
+});
+
+Deno.test({
   name: "embeddings: inputs past the short step, or in a step with a long one, take the main context's path",
   sanitizeResources: false,
   sanitizeOps: false,
