@@ -11,10 +11,7 @@ import { longEventLoopStalls } from "./helpers/metrics.ts";
 import { CompletionRequestSchema } from "../src/protocol/completions.ts";
 import { createCompletion } from "../src/services/completions.ts";
 import type { ChatEngine, ChatEvent, ChatJob } from "../src/engines/types.ts";
-import { llamaRuntime } from "../src/engines/llama/runtime.ts";
-import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
-import { LlamaChatEngine } from "../src/engines/llama/chat.ts";
-import { resolveSource } from "../src/models/sources.ts";
+import { builtinChatEngine } from "./helpers/engines.ts";
 import { PromptLogprobs } from "../src/engines/prompt_logprobs.ts";
 import { silentLogger } from "../src/log.ts";
 
@@ -254,20 +251,7 @@ Deno.test("an echoed prompt's log-probabilities are held as numbers while it is 
   // As one object per token and alternative (each with its string and byte array) a 20,000-token echo
   // with 20 alternatives grew the heap by ~240 MB over its prefill, and every young-generation
   // collection copied ~4 MB of them: 10-50 ms pauses of every route. Now: two typed arrays.
-  await llamaRuntime("cpu", silentLogger);
-  const modelPath = await resolveSource("builtin:tiny-chat", {
-    cacheDir: new URL("../models/cache", import.meta.url).pathname,
-    hubUrl: "",
-    log: silentLogger,
-  });
-  const engine = await LlamaChatEngine.load(openLlamaLibrary(), {
-    modelPath,
-    gpuLayers: 0,
-    threads: 1,
-    parallel: 1,
-    contextSize: 2048,
-    log: silentLogger,
-  });
+  const engine = await builtinChatEngine("tiny-chat", 2048);
   try {
     const prompt = await engine.tokenize("word ".repeat(300) + "é€😀 the end", true);
     const job: ChatJob = {

@@ -10,16 +10,11 @@ import assert from "node:assert/strict";
 import { type Json, postJson, startServer } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
 import { Markup } from "../src/engines/markup.ts";
-import { resolveSource } from "../src/models/sources.ts";
-import { silentLogger } from "../src/log.ts";
-import { llamaRuntime } from "../src/engines/llama/runtime.ts";
-import { openLlamaLibrary } from "../src/engines/llama/ffi.ts";
-import { LlamaChatEngine } from "../src/engines/llama/chat.ts";
+import { builtinChatEngine } from "./helpers/engines.ts";
 import type { EngineMessage, EngineTool } from "../src/engines/types.ts";
 
 const KEY = "test-key";
 const CHATS = ["Vendor/Vendor3.6-35B-A3B", "vserve/tiny-chat"];
-const CACHE = new URL("../models/cache", import.meta.url).pathname;
 
 /** The Qwen3 vocabulary's markup tokens (both stand-ins and the embedding models share it). */
 const MARKUP: Record<string, number> = {
@@ -72,20 +67,7 @@ Deno.test("markup: hidden strings and private-use characters round-trip; fragmen
 
 for (const name of ["tiny-chat", "tiny-moe"]) {
   Deno.test(`${name}: every markup string in every client field tokenizes as text; the text round-trips`, async () => {
-    await llamaRuntime("cpu", silentLogger);
-    const modelPath = await resolveSource(`builtin:${name}`, {
-      cacheDir: CACHE,
-      hubUrl: "",
-      log: silentLogger,
-    });
-    const engine = await LlamaChatEngine.load(openLlamaLibrary(), {
-      modelPath,
-      gpuLayers: 0,
-      threads: 1,
-      parallel: 1,
-      contextSize: 8192,
-      log: silentLogger,
-    });
+    const engine = await builtinChatEngine(name, 8192);
     try {
       const job = (s: string) => {
         const messages: EngineMessage[] = [

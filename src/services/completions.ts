@@ -45,20 +45,22 @@ class LegacyLogprobs {
   /** Appends entries; `first` marks the prompt's first token, which has no logprob. */
   add(entries: TokenLogprobInfo[], first?: { token: string }): CompletionLogprobs {
     const part: CompletionLogprobs = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
-    const push = (token: string, logprob: number | null, top: Record<string, number> | null) => {
-      for (const target of [this.out, part]) {
-        target.tokens.push(token);
-        target.token_logprobs.push(logprob);
-        target.top_logprobs.push(top);
-        target.text_offset.push(this.#offset);
-      }
-      this.#offset += token.length;
-    };
-    if (first) push(first.token, null, null);
+    if (first) this.#push(part, first.token, null, null);
     for (const e of entries) {
-      push(e.token, e.logprob, Object.fromEntries(e.top.map((t) => [t.token, t.logprob])));
+      this.#push(part, e.token, e.logprob, Object.fromEntries(e.top.map((t) => [t.token, t.logprob])));
     }
     return part;
+  }
+
+  /** One token's entry, in the whole answer and in `part`. */
+  #push(part: CompletionLogprobs, token: string, logprob: number | null, top: Record<string, number> | null) {
+    for (const target of [this.out, part]) {
+      target.tokens.push(token);
+      target.token_logprobs.push(logprob);
+      target.top_logprobs.push(top);
+      target.text_offset.push(this.#offset);
+    }
+    this.#offset += token.length;
   }
 
   /**
@@ -79,22 +81,13 @@ class LegacyLogprobs {
       if (t === undefined) texts.set(token, t = text(token));
       return t;
     };
-    const push = (token: string, logprob: number, top: Record<string, number>) => {
-      for (const target of [this.out, part]) {
-        target.tokens.push(token);
-        target.token_logprobs.push(logprob);
-        target.top_logprobs.push(top);
-        target.text_offset.push(this.#offset);
-      }
-      this.#offset += token.length;
-    };
     for (let i = 0; i < table.length; i++) {
       if ((i & 255) === 0 && slices.due) await slices.pause();
       const top: [string, number][] = [];
       for (let j = 0, n = table.alternatives(i); j < n; j++) {
         top.push([textOf(table.alternativeToken(i, j)), table.alternativeLogprob(i, j)]);
       }
-      push(textOf(table.token(i)), table.logprob(i), Object.fromEntries(top));
+      this.#push(part, textOf(table.token(i)), table.logprob(i), Object.fromEntries(top));
     }
     return part;
   }
