@@ -22,6 +22,7 @@ import { ReasoningSealer } from "./src/services/reasoning_seal.ts";
 import { startExitGuard } from "./src/exit_guard.ts";
 import { SystemdNotifier } from "./src/systemd.ts";
 import { ComputeShare, type ComputeUse } from "./src/engines/compute_share.ts";
+import { ComputePriority } from "./src/compute_priority.ts";
 
 async function main(): Promise<number> {
   let loaded;
@@ -105,10 +106,17 @@ async function main(): Promise<number> {
   const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal };
   // Every local engine takes its compute steps in turn from this one arbiter (weighted fair share).
   const computeShare = new ComputeShare();
-  const metrics = createMetrics(registry, computeShare);
+  // Compute threads below the event loop, so a socket event never waits for a core behind our own
+  // compute; new threads are caught where they are made (ffi.ts) and on the monitor's ticks.
+  const priority = ComputePriority.start(config.computeNice);
+  if (config.computeNice > 0 && !priority) {
+    log.info("--compute-nice has no effect here: per-thread priorities need Linux", { os: Deno.build.os });
+  }
+  const metrics = createMetrics(registry, computeShare, priority);
   const loopMonitor = new EventLoopMonitor((stall, lag) => {
     metrics.eventLoopStall.observe({}, stall);
     metrics.eventLoopLag.observe({}, lag);
+    priority?.check();
   });
   loopMonitor.start();
   // Cheap turns of the event loop between bursts of short decodes and slices of long work.
@@ -179,6 +187,7 @@ async function main(): Promise<number> {
     log,
   );
   loading.then(() => {
+    priority?.sweep();
     for (const s of registry.slots) if (s.state === "failed") computeShare.forget(s.spec.id);
     const failed = registry.slots.filter((s) => s.state === "failed").length;
     notifier?.send(
@@ -258,7 +267,7 @@ async function runPlan(config: Config): Promise<number> {
 }
 
 /** The metrics, with gauges read from the registry at scrape time. */
-function createMetrics(registry: Registry, share: ComputeShare): Metrics {
+function createMetrics(registry: Registry, share: ComputeShare, priority?: ComputePriority): Metrics {
   const stateValue = { loading: 0, loaded: 1, failed: -1 } as const;
   const engineCounter = (name: string, help: string) =>
     new CounterReader(`vserve_engine_${name}_total`, help, () =>
@@ -334,6 +343,16 @@ function createMetrics(registry: Registry, share: ComputeShare): Metrics {
       () => registry.slots.map((s) => [{ model: s.spec.id }, Math.max(0, s.inFlight - s.parallel)]),
     ),
     ...computeFamilies(share),
+    new Gauge(
+      "vserve_compute_nice",
+      "Nice levels the compute threads run below the request thread (0: not applied).",
+      () => [[{}, priority?.levels ?? 0]],
+    ),
+    new CounterReader(
+      "vserve_compute_threads_reniced_total",
+      "Threads of the process set below the request thread (--compute-nice).",
+      () => [[{}, priority?.reniced ?? 0]],
+    ),
     ...upstreamMetricFamilies(() => registry.slots.flatMap((s) => poolOf(s.engine) ?? [])),
   ]);
 }

@@ -51,7 +51,7 @@ export async function loadInProcess(
       let first = NaN;
       let promptTokens = 0;
       let completionTokens = 0;
-      const job = toJob(body as ChatRequest);
+      const job = await toJob(body as ChatRequest);
       for await (const ev of chatEngine.generate(job, new AbortController().signal)) {
         if (ev.type === "prompt") promptTokens = ev.promptTokens;
         else if (ev.type === "end") completionTokens += ev.completionTokens;

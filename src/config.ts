@@ -24,6 +24,8 @@ export const ConfigSchema = z.object({
   modelCache: z.string().default("models/cache"),
   hubUrl: z.string().url().default("https://huggingface.co"),
   threads: z.number().int().min(1).max(1024).default(cores),
+  /** Nice levels the compute threads run below the event-loop thread (Linux; 0 = off). */
+  computeNice: z.number().int().min(0).max(19).default(10),
   gpu: z.enum(["auto", "cuda", "vulkan", "cpu"]).default("auto"),
   gpuLayers: z.union([z.number().int().min(0), z.literal("auto"), z.literal("max")]).optional(),
   flashAttn: z.enum(["auto", "on", "off"]).default("auto"),
@@ -114,6 +116,13 @@ export const SETTINGS: readonly Setting[] = [
   },
   { key: "hubUrl", flag: "hub-url", kind: "string", help: "base URL of the model hub for hf: sources" },
   { key: "threads", flag: "threads", kind: "int", help: "CPU threads per engine (at most the cores)" },
+  {
+    key: "computeNice",
+    flag: "compute-nice",
+    kind: "int",
+    help: "nice levels the compute threads run below the request thread, so it gets a core first " +
+      "(Linux; 0 = off)",
+  },
   { key: "gpu", flag: "gpu", kind: "string", help: "auto | cuda | vulkan | cpu" },
   {
     key: "gpuLayers",

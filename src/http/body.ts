@@ -176,6 +176,11 @@ async function readLimited(
             "invalid_content_encoding",
           );
         }
+        // Deno's HTTP parser refusing the rest of the body (a chunked body in chunks of 64 KB or more
+        // stops at 4 MB): the client is still there, and is told why.
+        if (!req.signal.aborted && e instanceof Error && /^invalid HTTP/i.test(e.message)) {
+          throw unreadableBody(e.message);
+        }
         throw abortedError(new DOMException("the client aborted the upload", "AbortError"));
       }
       if (late) throw bodyTimeout(timeoutMs);
@@ -207,6 +212,19 @@ async function readLimited(
     reader.releaseLock();
   }
   return buffer.subarray(0, total);
+}
+
+/** A body the runtime's HTTP parser stopped reading (it says why). */
+function unreadableBody(reason: string): ApiError {
+  return new ApiError(
+    400,
+    "invalid_request_error",
+    `The request body could not be read (${reason.slice(0, 200)}): send it with a Content-Length, or in ` +
+      "chunks under 64 KB.",
+    null,
+    "invalid_body",
+    { connection: "close" },
+  );
 }
 
 /** A body without a declared length that came in more than {@link MAX_BODY_PIECES} pieces. */

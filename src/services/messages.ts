@@ -137,7 +137,7 @@ export async function countTokens(
   }
   try {
     await parseHistoryArguments(chat.messages, signal);
-    const job = toJob(chat, defaultThinking);
+    const job = await toJob(chat, defaultThinking, signal);
     return { input_tokens: (await engine.prompt(job, signal)).tokens.length };
   } catch (e) {
     throw renameParam(e, params);

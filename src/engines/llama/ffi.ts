@@ -9,6 +9,7 @@
  * (`llama/llama.cpp.info.json`: v0.4.0); {@link checkLayouts} verifies them against the
  * library's defaults at start.
  */
+import { noticeThreads } from "../../compute_priority.ts";
 
 /** Byte offsets in `struct llama_model_params` (80 bytes). */
 export const MODEL_PARAMS = {
@@ -359,7 +360,11 @@ export function openLlamaLibrary(): LlamaLibrary {
     path,
     symbols: lib.symbols,
     threadpool: (threads) => {
-      if (!pools.has(threads)) pools.set(threads, createThreadpool(path, threads));
+      if (!pools.has(threads)) {
+        pools.set(threads, createThreadpool(path, threads));
+        // Its workers start now: below the JavaScript thread at once (compute_priority.ts).
+        noticeThreads();
+      }
       return pools.get(threads)!;
     },
     idle: () => {
@@ -440,7 +445,13 @@ let inFlight = 0;
  */
 export function serialized<T>(work: () => Promise<T>): Promise<T> {
   inFlight++;
-  const run = computing.then(work, work).finally(() => inFlight--);
+  const start = () => {
+    const running = work();
+    // A hand-off may have started a new blocking-pool thread: below the JavaScript thread at once.
+    noticeThreads();
+    return running;
+  };
+  const run = computing.then(start, start).finally(() => inFlight--);
   computing = run.catch(() => {});
   return run;
 }
