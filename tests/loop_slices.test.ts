@@ -7,6 +7,8 @@ import assert from "node:assert/strict";
 import { type ApiError, slicedJsonResponse } from "../src/http/errors.ts";
 import { detokenize } from "../src/services/tokens.ts";
 import type { ChatEngine } from "../src/engines/types.ts";
+import { idLists } from "../src/engines/onnx/embedding.ts";
+import { Slicer } from "../src/event_loop.ts";
 
 Deno.test("/detokenize of 1.1 million ids checks them against the vocabulary with a turn before decoding", async () => {
   const tokens = Array.from({ length: 1_100_000 }, (_, i) => 9707 + (i % 50));
@@ -40,4 +42,21 @@ Deno.test("a sliced JSON answer is written in pieces of about a megabyte, howeve
   assert.equal(sizes.reduce((a, b) => a + b, 0), JSON.stringify({ content: text, prompt: text }).length);
   assert.ok(sizes.length >= 20, `${sizes.length} pieces`);
   assert.ok(Math.max(...sizes) < 2 << 20, `largest piece ${Math.max(...sizes)} bytes`);
+});
+
+Deno.test("an ONNX tokenizer's 4 million ids are copied out in runs, with turns between them", async () => {
+  const ids = new Int32Array(4_000_000).map((_, i) => i % 151_000);
+  // A clock that moves a millisecond each time it is read: the copy's pauses do not hang on speed.
+  let now = 0;
+  const slices = new Slicer(10, undefined, () => now++);
+  let fired = false;
+  const timer = setTimeout(() => (fired = true), 0);
+  const lists = await idLists(ids, new Int32Array([3, 3_999_990, 7]), slices);
+  clearTimeout(timer);
+  assert.ok(fired, "a timer set before ran while the ids were copied");
+  assert.deepEqual(lists.map((l) => l.length), [3, 3_999_990, 7]);
+  assert.deepEqual(lists[0], [0, 1, 2]);
+  assert.equal(lists[1][0], 3);
+  assert.equal(lists[1].at(-1), 3_999_992 % 151_000);
+  assert.deepEqual(lists[2], Array.from(ids.subarray(3_999_993)));
 });
