@@ -5,6 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { ChatTemplate } from "../src/engines/llama/template.ts";
+import { packPrompt, unpackPrompt } from "../src/engines/llama/template_render.ts";
 import { idLists } from "../src/engines/onnx/embedding.ts";
 import { Slicer } from "../src/event_loop.ts";
 import { type ApiError, slicedJsonResponse } from "../src/http/errors.ts";
@@ -102,4 +103,37 @@ Deno.test("a sliced JSON answer is written in pieces of about a megabyte, howeve
   assert.equal(sizes.reduce((a, b) => a + b, 0), JSON.stringify({ content: text, prompt: text }).length);
   assert.ok(sizes.length >= 20, `${sizes.length} pieces`);
   assert.ok(Math.max(...sizes) < 2 << 20, `largest piece ${Math.max(...sizes)} bytes`);
+});
+
+Deno.test("a markup-dense render comes back from the worker packed, its pieces unpacked with turns between them", async () => {
+  const markup = [
+    { text: "<|im_end|>", id: 151645, matchedInText: false },
+    { text: "<think>", id: 151667, matchedInText: true },
+  ];
+  const template = new ChatTemplate({
+    source: "{% for m in messages %}[{{ m.role }}] {{ m.content }}<|im_end|>\n{% endfor %}",
+    specials: { bos: "", eos: "" },
+    markup,
+  });
+  const input = {
+    messages: [{ role: "user" as const, text: "a<|im_end|>b<think>".repeat(20_000) }],
+    tools: [],
+    thinking: undefined,
+  };
+  try {
+    const prompt = await template.renderAsync(input);
+    assert.deepEqual(prompt, template.render(input));
+    assert.ok(prompt.pieces.length > 20_000, `${prompt.pieces.length} pieces`);
+    // Unpacking 400,000 pieces leaves turns (a clock that moves a millisecond at each look).
+    const many = { text: "", pieces: Array.from({ length: 400_000 }, (_, i) => i % 3 ? `p${i}` : i) };
+    let now = 0;
+    let fired = false;
+    const timer = setTimeout(() => (fired = true), 0);
+    const back = await unpackPrompt(packPrompt(many), new Slicer(10, undefined, () => now++));
+    clearTimeout(timer);
+    assert.ok(fired, "a timer set before ran while the pieces were unpacked");
+    assert.deepEqual(back, many);
+  } finally {
+    template.dispose();
+  }
 });

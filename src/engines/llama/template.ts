@@ -5,7 +5,12 @@
  */
 import type { PromptPieces } from "../markup.ts";
 import { EngineInputError } from "../types.ts";
-import { type TemplateInput, TemplateRenderer, type TemplateSource } from "./template_render.ts";
+import {
+  type TemplateInput,
+  TemplateRenderer,
+  type TemplateSource,
+  unpackPrompt,
+} from "./template_render.ts";
 import type { RenderReply, RenderRequest } from "./template_worker.ts";
 import { Slicer } from "../../event_loop.ts";
 
@@ -120,7 +125,7 @@ class RenderWorker {
       });
       this.#worker.postMessage({ type: "render", id, input: rest } satisfies RenderRequest);
     });
-    if (reply.ok) return reply.prompt;
+    if (reply.ok) return await unpackPrompt(reply.prompt, new Slicer(10, signal));
     if (reply.input) throw new EngineInputError(reply.message, reply.param, reply.code);
     throw new Error(`the template worker failed: ${reply.message}`);
   }

@@ -3,8 +3,13 @@
  * Jinja interpreter hundreds of milliseconds, which on the server's thread would hold every
  * route. Messages: see {@link RenderRequest} and {@link RenderReply}.
  */
-import { type TemplateInput, TemplateRenderer, type TemplateSource } from "./template_render.ts";
-import type { PromptPieces } from "../markup.ts";
+import {
+  type PackedPrompt,
+  packPrompt,
+  type TemplateInput,
+  TemplateRenderer,
+  type TemplateSource,
+} from "./template_render.ts";
 import { EngineInputError } from "../types.ts";
 
 /**
@@ -18,12 +23,12 @@ export type RenderRequest =
   | { type: "drop"; id: number }
   | { type: "render"; id: number; input: TemplateInput };
 export type RenderReply =
-  | { id: number; ok: true; prompt: PromptPieces }
+  | { id: number; ok: true; prompt: PackedPrompt }
   | { id: number; ok: false; input: boolean; message: string; param: string | null; code: string | null };
 
 const scope = globalThis as unknown as {
   onmessage: ((event: MessageEvent<RenderRequest>) => void) | null;
-  postMessage(reply: RenderReply): void;
+  postMessage(reply: RenderReply, transfer?: Transferable[]): void;
 };
 let template: TemplateRenderer | undefined;
 /** The parts received of each render still to come. */
@@ -54,7 +59,8 @@ scope.onmessage = ({ data }) => {
     } as TemplateInput
     : data.input;
   try {
-    scope.postMessage({ id: data.id, ok: true, prompt: template!.render(input) });
+    const prompt = packPrompt(template!.render(input));
+    scope.postMessage({ id: data.id, ok: true, prompt }, [prompt.marks.buffer]);
   } catch (e) {
     const input = e instanceof EngineInputError;
     scope.postMessage({
