@@ -30,3 +30,20 @@ Deno.test("without a limit, or within it, a long text's ids are all there", asyn
   const within = await model.tokenizePieces([long], { limit: all.length });
   assert.deepEqual([within.complete, within.tokens.length], [true, all.length]);
 });
+
+Deno.test("short texts tokenize through the buffers kept for them as a whole text does on its own thread", async () => {
+  // 2,048 UTF-16 units fill the kept buffers at 3 bytes each; 2,049 take the other way; 😀 is a pair.
+  const texts = [
+    "a",
+    "hello world",
+    "漢".repeat(2048),
+    "漢".repeat(2049),
+    "😀".repeat(1024),
+    "x\uD800y",
+    "<|im_end|> <think>".repeat(100),
+  ];
+  for (const text of texts) {
+    assert.deepEqual(model.tokenize(text, false), await model.tokenizeAsync(text, false), text.slice(0, 20));
+    assert.deepEqual(model.tokenize(text, true), await model.tokenizeAsync(text, true), text.slice(0, 20));
+  }
+});

@@ -131,6 +131,9 @@ export function jsonBody(
   return slicedJsonResponse(body, opts);
 }
 
+/** Characters of JSON text one slice of a {@link slicedJsonResponse} gathers at most. */
+const SLICE_CHARS = 1 << 20;
+
 /** Work units of a body sent with one `JSON.stringify` (a few milliseconds at most). */
 const SMALL_BODY = 16_384;
 
@@ -184,11 +187,12 @@ export function slicedJsonResponse(
         return; // aborted: onAbort ended the request
       }
       started = true;
-      // At least one piece a slice, however short the slices.
+      // At least one piece a slice, however short the slices, and at most ~1 MB: the text is encoded
+      // in one step (a 12 MB text gathered in one slice: ~15 ms more of the same block).
       let text = "";
       let first = true;
       for (;;) {
-        if (!first && slices.due) break;
+        if (!first && (slices.due || text.length >= SLICE_CHARS)) break;
         first = false;
         const next = pieces.next();
         if (next.done) {

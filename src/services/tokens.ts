@@ -10,6 +10,9 @@ import { Slicer } from "../event_loop.ts";
 
 export type { TokenizeResponse };
 
+/** Ids looked at between two looks at the clock. */
+const ID_RUN = 16_384;
+
 function isChat(engine: ChatEngine | EmbeddingEngine): engine is ChatEngine {
   return "prompt" in engine;
 }
@@ -101,7 +104,19 @@ export async function detokenize(
 ): Promise<{ content: string; prompt: string }> {
   const vocab = engine.vocabSize;
   // An engine without a vocabulary of its own (a remote one) says itself that it cannot detokenize.
-  const bad = vocab > 0 ? req.tokens.findIndex((t) => t >= vocab) : -1;
+  // A million ids are looked at between turns of the event loop.
+  let bad = -1;
+  const slices = new Slicer(10, signal);
+  for (let at = 0; vocab > 0 && bad < 0 && at < req.tokens.length; at += ID_RUN) {
+    if (slices.due) await slices.pause();
+    const end = Math.min(req.tokens.length, at + ID_RUN);
+    for (let i = at; i < end; i++) {
+      if (req.tokens[i] >= vocab) {
+        bad = i;
+        break;
+      }
+    }
+  }
   if (bad >= 0) {
     throw badRequest(
       `tokens[${bad}] is ${req.tokens[bad]}; this model's vocabulary has ids 0..${vocab - 1}.`,
@@ -109,6 +124,8 @@ export async function detokenize(
       "invalid_value",
     );
   }
+  // The engine's own slices start after a turn, not part-way through this one.
+  if (req.tokens.length > ID_RUN) await slices.pause();
   const text = isChat(engine)
     ? await engine.detokenize(req.tokens, signal)
     : await engine.detokenize?.(req.tokens, signal);

@@ -3,33 +3,64 @@
  * Jinja interpreter hundreds of milliseconds, which on the server's thread would hold every
  * route. Messages: see {@link RenderRequest} and {@link RenderReply}.
  */
-import { type TemplateInput, TemplateRenderer, type TemplateSource } from "./template_render.ts";
-import type { PromptPieces } from "../markup.ts";
+import {
+  type PackedPrompt,
+  packPrompt,
+  type TemplateInput,
+  TemplateRenderer,
+  type TemplateSource,
+} from "./template_render.ts";
 import { EngineInputError } from "../types.ts";
 
-/** What the render worker is asked and answers. */
-export type RenderRequest = { type: "init"; init: TemplateSource } | {
-  type: "render";
-  id: number;
-  input: TemplateInput;
-};
+/**
+ * What the render worker is asked and answers: a render's messages and tools come first in parts
+ * (appended in order), then the render with the rest of its input; `drop`: the parts of a render
+ * that will not come.
+ */
+export type RenderRequest =
+  | { type: "init"; init: TemplateSource }
+  | { type: "part"; id: number; key: "messages" | "tools"; items: TemplateInput["messages" | "tools"] }
+  | { type: "drop"; id: number }
+  | { type: "render"; id: number; input: TemplateInput };
 export type RenderReply =
-  | { id: number; ok: true; prompt: PromptPieces }
+  | { id: number; ok: true; prompt: PackedPrompt }
   | { id: number; ok: false; input: boolean; message: string; param: string | null; code: string | null };
 
 const scope = globalThis as unknown as {
   onmessage: ((event: MessageEvent<RenderRequest>) => void) | null;
-  postMessage(reply: RenderReply): void;
+  postMessage(reply: RenderReply, transfer?: Transferable[]): void;
 };
 let template: TemplateRenderer | undefined;
+/** The parts received of each render still to come. */
+const parts = new Map<number, { messages: unknown[]; tools: unknown[] }>();
 
 scope.onmessage = ({ data }) => {
   if (data.type === "init") {
     template = new TemplateRenderer(data.init);
     return;
   }
+  if (data.type === "part") {
+    let got = parts.get(data.id);
+    if (!got) parts.set(data.id, got = { messages: [], tools: [] });
+    for (const item of data.items) got[data.key].push(item);
+    return;
+  }
+  if (data.type === "drop") {
+    parts.delete(data.id);
+    return;
+  }
+  const got = parts.get(data.id);
+  parts.delete(data.id);
+  const input = got
+    ? {
+      ...data.input,
+      messages: [...data.input.messages, ...got.messages],
+      tools: [...data.input.tools, ...got.tools],
+    } as TemplateInput
+    : data.input;
   try {
-    scope.postMessage({ id: data.id, ok: true, prompt: template!.render(data.input) });
+    const prompt = packPrompt(template!.render(input));
+    scope.postMessage({ id: data.id, ok: true, prompt }, [prompt.marks.buffer]);
   } catch (e) {
     const input = e instanceof EngineInputError;
     scope.postMessage({

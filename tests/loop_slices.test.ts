@@ -1,0 +1,139 @@
+/**
+ * Large inputs and answers leave the event loop turns (issue 26's last stall ticks). Asserted by
+ * order: a timer set before the work fires before it ends (it could not while the work ran in one
+ * block), or by the size of what one step handles.
+ */
+import assert from "node:assert/strict";
+import { ChatTemplate } from "../src/engines/llama/template.ts";
+import { packPrompt, unpackPrompt } from "../src/engines/llama/template_render.ts";
+import { idLists } from "../src/engines/onnx/embedding.ts";
+import { Slicer } from "../src/event_loop.ts";
+import { type ApiError, slicedJsonResponse } from "../src/http/errors.ts";
+import { detokenize } from "../src/services/tokens.ts";
+import type { ChatEngine } from "../src/engines/types.ts";
+
+const TOOLS_TEMPLATE =
+  "{% for t in tools %}{{ t.function.name }}={{ t.function.parameters | tojson }};{% endfor %}" +
+  "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}";
+
+Deno.test("a large render's 50,000 tools go to the template worker in parts, with turns between them", async () => {
+  const template = new ChatTemplate({ source: TOOLS_TEMPLATE, specials: { bos: "", eos: "" }, markup: [] });
+  const tools = Array.from({ length: 50_000 }, (_, i) => ({
+    name: `tool_${i}`,
+    description: `tool ${i}`,
+    parameters: {
+      type: "object",
+      properties: { a: { type: "string" }, b: { type: "integer" } },
+      required: ["a"],
+    },
+  }));
+  const messages = Array.from({ length: 600 }, (_, i) => ({ role: "user" as const, text: `message ${i}` }));
+  const input = { messages, tools, thinking: undefined };
+  const posts: { type: string; afterTimer: boolean }[] = [];
+  let fired = false;
+  const post = Worker.prototype.postMessage;
+  Worker.prototype.postMessage = function (this: Worker, message: { type: string }, ...rest: never[]) {
+    posts.push({ type: message.type, afterTimer: fired });
+    return post.call(this, message, ...rest);
+  } as typeof post;
+  try {
+    const timer = setTimeout(() => (fired = true), 0);
+    const prompt = await template.renderAsync(input);
+    clearTimeout(timer);
+    const render = posts.findIndex((p) => p.type === "render");
+    assert.ok(render > 0, "the render was posted");
+    assert.ok(
+      posts.slice(0, render).some((p) => p.afterTimer),
+      "a timer set before ran while the parts were posted",
+    );
+    // Put together in order: the same prompt as rendered here.
+    assert.deepEqual(prompt, template.render(input));
+  } finally {
+    Worker.prototype.postMessage = post;
+    template.dispose();
+  }
+});
+
+Deno.test("an ONNX tokenizer's 4 million ids are copied out in runs, with turns between them", async () => {
+  const ids = new Int32Array(4_000_000).map((_, i) => i % 151_000);
+  // A clock that moves a millisecond each time it is read: the copy's pauses do not hang on speed.
+  let now = 0;
+  const slices = new Slicer(10, undefined, () => now++);
+  let fired = false;
+  const timer = setTimeout(() => (fired = true), 0);
+  const lists = await idLists(ids, new Int32Array([3, 3_999_990, 7]), slices);
+  clearTimeout(timer);
+  assert.ok(fired, "a timer set before ran while the ids were copied");
+  assert.deepEqual(lists.map((l) => l.length), [3, 3_999_990, 7]);
+  assert.deepEqual(lists[0], [0, 1, 2]);
+  assert.equal(lists[1][0], 3);
+  assert.equal(lists[1].at(-1), 3_999_992 % 151_000);
+  assert.deepEqual(lists[2], Array.from(ids.subarray(3_999_993)));
+});
+
+Deno.test("/detokenize of 1.1 million ids checks them against the vocabulary with a turn before decoding", async () => {
+  const tokens = Array.from({ length: 1_100_000 }, (_, i) => 9707 + (i % 50));
+  let fired = false;
+  let firedAtDecode: boolean | undefined;
+  const engine = {
+    vocabSize: 151_936,
+    prompt: () => Promise.reject(new Error("not used")),
+    detokenize: (ids: readonly number[]) => {
+      firedAtDecode = fired;
+      return Promise.resolve(`${ids.length} ids`);
+    },
+  } as unknown as ChatEngine;
+  const timer = setTimeout(() => (fired = true), 0);
+  const out = await detokenize({ model: "m", tokens }, engine);
+  clearTimeout(timer);
+  assert.equal(out.content, "1100000 ids");
+  assert.equal(firedAtDecode, true, "a timer set before ran before the engine decoded");
+  await assert.rejects(
+    detokenize({ model: "m", tokens: [...tokens, 151_936] }, engine),
+    (e: ApiError) => e.status === 400 && e.param === "tokens[1100000]",
+  );
+});
+
+Deno.test("a sliced JSON answer is written in pieces of about a megabyte, however long its slices", async () => {
+  const text = "hello world ".repeat(1_000_000); // 12 MB
+  const res = slicedJsonResponse({ content: text, prompt: text }, { sliceMs: 60_000 });
+  const sizes: number[] = [];
+  const reader = res.body!.getReader();
+  for (let r = await reader.read(); !r.done; r = await reader.read()) sizes.push(r.value.length);
+  assert.equal(sizes.reduce((a, b) => a + b, 0), JSON.stringify({ content: text, prompt: text }).length);
+  assert.ok(sizes.length >= 20, `${sizes.length} pieces`);
+  assert.ok(Math.max(...sizes) < 2 << 20, `largest piece ${Math.max(...sizes)} bytes`);
+});
+
+Deno.test("a markup-dense render comes back from the worker packed, its pieces unpacked with turns between them", async () => {
+  const markup = [
+    { text: "<|im_end|>", id: 151645, matchedInText: false },
+    { text: "<think>", id: 151667, matchedInText: true },
+  ];
+  const template = new ChatTemplate({
+    source: "{% for m in messages %}[{{ m.role }}] {{ m.content }}<|im_end|>\n{% endfor %}",
+    specials: { bos: "", eos: "" },
+    markup,
+  });
+  const input = {
+    messages: [{ role: "user" as const, text: "a<|im_end|>b<think>".repeat(20_000) }],
+    tools: [],
+    thinking: undefined,
+  };
+  try {
+    const prompt = await template.renderAsync(input);
+    assert.deepEqual(prompt, template.render(input));
+    assert.ok(prompt.pieces.length > 20_000, `${prompt.pieces.length} pieces`);
+    // Unpacking 400,000 pieces leaves turns (a clock that moves a millisecond at each look).
+    const many = { text: "", pieces: Array.from({ length: 400_000 }, (_, i) => i % 3 ? `p${i}` : i) };
+    let now = 0;
+    let fired = false;
+    const timer = setTimeout(() => (fired = true), 0);
+    const back = await unpackPrompt(packPrompt(many), new Slicer(10, undefined, () => now++));
+    clearTimeout(timer);
+    assert.ok(fired, "a timer set before ran while the pieces were unpacked");
+    assert.deepEqual(back, many);
+  } finally {
+    template.dispose();
+  }
+});
