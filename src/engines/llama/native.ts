@@ -66,7 +66,6 @@ const ATTR_UNKNOWN = 1 << 0;
 const ATTR_CONTROL = 1 << 3;
 const ATTR_USER_DEFINED = 1 << 4;
 
-/** A loaded GGUF model and its vocabulary. */
 /** Characters of text {@link NativeModel.tokenize} encodes into buffers kept for it. */
 const SCRATCH_CHARS = 2048;
 const encoder = new TextEncoder();
@@ -74,6 +73,7 @@ const encoder = new TextEncoder();
 const scratchBytes = new Uint8Array(SCRATCH_CHARS * 3);
 const scratchIds = new Int32Array(SCRATCH_CHARS * 3 + 8);
 
+/** A loaded GGUF model and its vocabulary. */
 export class NativeModel {
   readonly nVocab: number;
   readonly nEmbd: number;
@@ -498,13 +498,13 @@ const FLASH_ATTENTION = { auto: -1, off: 0, on: 1 } as const;
 /** A flash attention setting, as {@link ContextOptions.flashAttention} takes it. */
 export type FlashAttention = keyof typeof FLASH_ATTENTION;
 
-/** A llama.cpp context: memory (KV cache / recurrent state) for several sequences. */
 /**
  * State snapshots up to this size are written on the JavaScript thread ({@link NativeContext.saveState}):
  * at memory speed well under a millisecond (4,000 tokens of tiny-moe, 1.1 MB: 0.21 ms).
  */
 export const SYNC_STATE_BYTES = 4 * 1024 * 1024;
 
+/** A llama.cpp context: memory (KV cache / recurrent state) for several sequences. */
 export class NativeContext {
   readonly nCtx: number;
   /** Cells one sequence may hold. */

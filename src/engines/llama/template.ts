@@ -107,11 +107,12 @@ class RenderWorker {
           this.#worker.postMessage({ type: "part", id, key, items } satisfies RenderRequest);
         }
       }
+      if (slices.due) await slices.pause();
     } catch (e) {
+      // Aborted: the worker lets go of the parts it holds for this render.
       this.#worker.postMessage({ type: "drop", id } satisfies RenderRequest);
       throw e;
     }
-    if (slices.due) await slices.pause();
     const rest = { ...input, messages: [], tools: [] };
     const reply = await new Promise<RenderReply>((resolve, reject) => {
       const onAbort = () => {

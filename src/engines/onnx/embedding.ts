@@ -435,7 +435,6 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
   }
 }
 
-/** `lengths[i]` ids of `ids` each, one after the other. */
 /** The tokenizer worker's answer: every text's ids one after another, and each text's count. */
 type IdsReply = { ids: Int32Array; lengths: Int32Array };
 
