@@ -118,7 +118,6 @@ async function main(): Promise<number> {
     metrics.eventLoopLag.observe({}, lag);
     priority?.check();
   });
-  loopMonitor.start();
   // Cheap turns of the event loop between bursts of short decodes and slices of long work.
   await enableLoopTurns();
   const sealer = await ReasoningSealer.create(config.reasoningKey);
@@ -182,6 +181,9 @@ async function main(): Promise<number> {
   const notifier = SystemdNotifier.fromEnv(Deno.env.toObject(), log);
   notifier?.send(`READY=1\nSTATUS=listening on port ${port}; loading models`);
   notifier?.startWatchdog();
+  // Watched from here: what ran before (the listener, the sealer's key) had no client to hold up, and
+  // read as one 35-52 ms first tick (a cold start's compiles), more than any load step since.
+  loopMonitor.start();
   const loading = registry.loadAll(
     (spec, report) => loadEngine(spec, config, log, report, plans.get(spec.id), computeShare),
     log,

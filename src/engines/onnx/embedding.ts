@@ -5,7 +5,7 @@ import type { Logger } from "../../log.ts";
 import type { SessionReply, SessionRequest } from "./session_worker.ts";
 import type { ComputeClient } from "../compute_share.ts";
 import type { TokenizerFacts, TokenizerReply, TokenizerRequest } from "./tokenizer_worker.ts";
-import { Slicer } from "../../event_loop.ts";
+import { loopTurn, Slicer } from "../../event_loop.ts";
 
 /** True when onnxruntime-node's CUDA provider libraries are installed beside its binding. */
 export function cudaProviderInstalled(): boolean {
@@ -227,6 +227,10 @@ export class OnnxEmbeddingEngine implements EmbeddingEngine {
    */
   static async load(opts: OnnxEmbeddingOptions): Promise<{ engine: OnnxEmbeddingEngine; provider: string }> {
     const tokenizer = new TokenizerClient(opts.tokenizerPath);
+    // `new Worker` holds this thread while the runtime builds the worker's isolate (13-20 ms here):
+    // the second worker is made a turn later, so requests are served between the two.
+    tokenizer.loaded.catch(() => {});
+    await loopTurn();
     const session = new SessionClient();
     let loaded: SessionReply;
     let facts: TokenizerFacts;
@@ -447,7 +451,7 @@ const ID_RUN = 16_384;
  *
  * @example
  * ```ts
- * import { Slicer } from "../../event_loop.ts";
+ * import { loopTurn, Slicer } from "../../event_loop.ts";
  * await idLists(new Int32Array([5, 6, 7]), new Int32Array([2, 1]), new Slicer(10)); // [[5, 6], [7]]
  * ```
  */
