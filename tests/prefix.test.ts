@@ -140,6 +140,7 @@ async function modelSetup(name: string) {
       cacheBytes?: number;
       flashAttention?: FlashAttention;
       trace?: (event: Record<string, unknown>) => void;
+      promptWorkPerDecode?: number;
     } = {},
   ) => {
     const chunk = 512;
@@ -161,6 +162,7 @@ async function modelSetup(name: string) {
       checkpointSpacing: 256,
       promptCache: cache,
       trace: opts.trace,
+      promptWorkPerDecode: opts.promptWorkPerDecode,
     });
     frees.push(() => {
       batch.free();
@@ -415,6 +417,58 @@ Deno.test({
 });
 
 Deno.test({
+  name: "scheduler: beside a generating sequence, a step runs one chunk or several by the decode step's cost",
+  fn: async () => {
+    // A long prompt arrives while another sequence generates: with prompt work bounded at 0 decode
+    // steps' time, each of its chunks is followed by a decode step (as llama.cpp's micro-batch would
+    // have it); unbounded, its four chunks (2,048 tokens: llama-server's n_batch) run in one step.
+    const m = await modelSetup("tiny-chat");
+    try {
+      const between = async (promptWorkPerDecode: number) => {
+        const events: { ev: string; ids?: number[] }[] = [];
+        const { s } = await m.scheduler(2, {
+          promptWorkPerDecode,
+          trace: (e) => events.push(e as { ev: string; ids?: number[] }),
+        });
+        const stop = new AbortController();
+        let tokens = 0;
+        let started!: () => void;
+        const generating = new Promise<void>((r) => (started = r));
+        const eog = new Map([[m.model.eos, -Infinity], [m.model.tokenize("<|im_end|>", true)[0], -Infinity]]);
+        const stream = s.run({
+          prompt: m.chat("Be brief.", "Count."),
+          choices: [{
+            sampler: new TokenSampler({ ...GREEDY, logitBias: eog }, m.model.nVocab),
+            grammar: null,
+          }],
+          maxTokens: 1500,
+          signal: stop.signal,
+          onPrompt: () => {},
+          onToken: () => {
+            if (++tokens === 3) started();
+            return true;
+          },
+          onEnd: () => {},
+        }).catch(() => {});
+        await generating;
+        const long = m.model.tokenize(m.words(4000, 11), false).slice(0, 2048);
+        await m.run(s, long, { reuse: false, maxTokens: 1 });
+        stop.abort();
+        await stream;
+        const chunks = events.flatMap((e, i) => e.ev === "chunk" && e.ids!.length === 1 ? [i] : []);
+        const longChunks = chunks.slice(-4);
+        assert.equal(longChunks.length, 4, JSON.stringify(events.slice(-40)));
+        return events.slice(longChunks[0], longChunks[3]).filter((e) => e.ev === "decode").length;
+      };
+      assert.equal(await between(0), 3, "a decode step after each chunk");
+      assert.equal(await between(1e9), 0, "the four chunks in one step");
+    } finally {
+      m.free();
+    }
+  },
+});
+
+Deno.test({
   name:
     "scheduler: a prompt waiting for another's prefix goes on when that one is cancelled; a waiting one leaves",
   fn: async () => {
@@ -556,6 +610,8 @@ Deno.test({
       const words = m.model.tokenize(m.words(3000, 3), false);
       const events: string[] = [];
       const { s } = await m.scheduler(2, {
+        // One chunk a step beside a generating sequence, whatever the decode step costs.
+        promptWorkPerDecode: 0,
         trace: (e) => {
           if (e.ev === "end") events.push(`end ${e.id}`);
           if (e.ev === "chunk") events.push(`chunk ${e.ids} from ${e.from}`);

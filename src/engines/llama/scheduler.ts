@@ -164,6 +164,19 @@ type Source =
  */
 const MIN_REUSE = 64;
 
+/**
+ * Prompt tokens a step may compute: llama-server's `n_batch` (2,048), in chunks of
+ * {@link SchedulerOptions.chunk}. While sequences generate, a step takes one chunk's worth of tokens
+ * and goes further only while its prompt work has taken under {@link PROMPT_WORK_PER_DECODE} times
+ * their last decode step: where a decode step is dear beside a chunk (a small model: 5-7 ms against
+ * a 512-token chunk's 12-30 ms) it runs once per several chunks instead of once per chunk, and where a
+ * chunk is long (a CPU and a large model: seconds) every 512 tokens are still followed by a decode
+ * step, so a streaming client never waits for more than one chunk's worth or this bound.
+ */
+const STEP_PROMPT_TOKENS = 2048;
+/** See {@link STEP_PROMPT_TOKENS}: a decode step costs at most about a sixth of the prompt work beside it. */
+const PROMPT_WORK_PER_DECODE = 6;
+
 /** Settings of the loop. */
 export interface SchedulerOptions {
   /** Prompt tokens per chunk (llama.cpp's micro-batch). */
@@ -180,6 +193,12 @@ export interface SchedulerOptions {
    * (`#sharingPays`), `always` whenever they can (tests of the batched path).
    */
   sharePromptChunks?: "measured" | "always";
+  /**
+   * While sequences generate, a step goes past one chunk's worth of prompt tokens while its prompt
+   * work took under this many times their last decode step (default {@link PROMPT_WORK_PER_DECODE});
+   * 0: never.
+   */
+  promptWorkPerDecode?: number;
   /** Saved sequence states in host memory (absent or disabled: none). */
   promptCache?: PromptCache;
   /** Receives the loop's events (a per-request timeline, for diagnosis; see chat.ts). */
@@ -222,6 +241,8 @@ export class Scheduler {
   #admitted = 0;
   /** Counts prompt chunks: the order in which prompts were last served. */
   #chunkClock = 0;
+  /** Milliseconds the last decode step of generating sequences took (0: none yet). */
+  #lastDecodeStepMs = 0;
   #jobs = 0;
   readonly #trace: ((event: Record<string, unknown>) => void) | undefined;
   readonly stats: SchedulerStats = {
@@ -720,6 +741,11 @@ export class Scheduler {
     }
   }
 
+  /** Whether a sequence is generating (its prompt computed, a choice not done). */
+  #generating(): boolean {
+    return this.#running.some((r) => r.fed >= r.job.prompt.length && r.choices.some((c) => !c.done));
+  }
+
   /** The next token of every generating choice, in one decode. */
   async #decodeStep() {
     const decodes: { choice: ChoiceState; running: Running; out: number }[] = [];
@@ -728,6 +754,7 @@ export class Scheduler {
       for (const c of r.choices) if (!c.done) decodes.push({ choice: c, running: r, out: -1 });
     }
     if (decodes.length === 0) return;
+    const stepStart = performance.now();
     // In sequence order: with a KV stream per sequence (and for recurrent state), llama.cpp puts only
     // runs of consecutive sequence ids into one micro-batch, so any other order costs a model pass per
     // run (8 streams: up to 8 passes a step instead of 1).
@@ -757,12 +784,13 @@ export class Scheduler {
       }
       this.stats.sampleMs += performance.now() - sampleStart;
     }
+    this.#lastDecodeStepMs = performance.now() - stepStart;
   }
 
   /**
-   * Prompt chunks, up to {@link SchedulerOptions.chunk} tokens in all (at least one chunk), the
-   * prompt with the smallest {@link Running.key} first, to its end if the step has room: the one
-   * that would finish first had it run alone since it arrived. Prompts that arrive together are
+   * Prompt chunks, up to {@link STEP_PROMPT_TOKENS} in all (at least one chunk; fewer while sequences
+   * wait for their next token), the prompt with the smallest {@link Running.key} first, to its end if
+   * the step has room: the one that would finish first had it run alone since it arrived. Prompts that arrive together are
    * finished one after the other, shortest first, instead of all together at the end; a short
    * request never waits for a long prompt; and a long prompt moves ahead of newer ones once it has
    * waited as long as its own work takes. A prompt that others wait for to copy its prefix goes at
@@ -779,24 +807,36 @@ export class Scheduler {
    * a burst of same-length prompts takes one pass over the weights instead of one each).
    */
   async #prefillStep() {
-    let budget = this.#opts.chunk;
+    const chunk = this.#opts.chunk;
+    const most = Math.max(chunk, STEP_PROMPT_TOKENS);
+    const ratio = this.#opts.promptWorkPerDecode ?? PROMPT_WORK_PER_DECODE;
+    const started = performance.now();
+    let taken = 0;
     // Prompts whose next chunk is longer than what is left of this step's tokens.
     const deferred = new Set<Running>();
-    while (budget > 0) {
+    for (;;) {
       // A request whose client left during an earlier decode of this step gets no chunk; one that
       // came meanwhile starts (it may go first).
       this.#dropCancelled();
       await this.#admit();
       const chunks = this.#nextChunks().filter((c) => !deferred.has(c.r));
       if (chunks.length === 0) break;
+      // Sequences waiting for their next token get it after one chunk's worth of tokens, unless
+      // their decode step is cheap beside the prompt work done so far (STEP_PROMPT_TOKENS).
+      let room = most - taken;
+      if (taken > 0 && this.#generating() && performance.now() - started >= ratio * this.#lastDecodeStepMs) {
+        room = chunk - taken;
+      }
+      if (room <= 0) break;
       const c = chunks[0];
       const length = c.to - c.from;
-      if (length > budget && budget < this.#opts.chunk) {
+      if (length > room && taken > 0) {
         deferred.add(c.r);
         continue;
       }
-      const group = this.#sameLengthRun(c, chunks, Math.max(budget, length));
-      budget -= length * group.length;
+      // One decode holds one chunk's worth of tokens at most (the batch's size).
+      const group = this.#sameLengthRun(c, chunks, Math.max(Math.min(room, chunk), length));
+      taken += length * group.length;
       await this.#prefill(group);
     }
   }
