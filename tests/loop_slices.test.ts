@@ -10,6 +10,9 @@ import { idLists } from "../src/engines/onnx/embedding.ts";
 import { Slicer } from "../src/event_loop.ts";
 import { type ApiError, slicedJsonResponse } from "../src/http/errors.ts";
 import { detokenize } from "../src/services/tokens.ts";
+import { toChatRequest } from "../src/services/messages.ts";
+import { ReasoningSealer } from "../src/services/reasoning_seal.ts";
+import { MessagesRequestSchema } from "../src/protocol/anthropic.ts";
 import type { ChatEngine } from "../src/engines/types.ts";
 
 const TOOLS_TEMPLATE =
@@ -52,6 +55,43 @@ Deno.test("a large render's 50,000 tools go to the template worker in parts, wit
     Worker.prototype.postMessage = post;
     template.dispose();
   }
+});
+
+Deno.test("an Anthropic request's text blocks are joined once, not one block at a time", async () => {
+  const blocks = Array.from({ length: 20_000 }, (_, i) => ({ type: "text", text: `b${i}` }));
+  const joined = blocks.map((b) => b.text).join("\n");
+  const req = MessagesRequestSchema.parse({
+    model: "m",
+    max_tokens: 1,
+    system: blocks,
+    messages: [
+      { role: "user", content: blocks },
+      { role: "assistant", content: blocks },
+      { role: "assistant", content: [{ type: "text", text: "more" }] },
+      ...Array.from({ length: 5_000 }, (_, i) => ({ role: "user", content: `turn ${i}` })),
+    ],
+  });
+  // The characters the joins look at the end of: each join of the old code read the whole text so
+  // far (20,000 blocks: ~1.3 billion characters, 7 s at 50,000).
+  let read = 0;
+  const endsWith = String.prototype.endsWith;
+  String.prototype.endsWith = function (this: string, ...args: Parameters<typeof endsWith>) {
+    read += this.length;
+    return endsWith.apply(this, args);
+  };
+  let chat;
+  try {
+    ({ chat } = await toChatRequest(req, { hostedTools: "ignore", sealer: await ReasoningSealer.create() }));
+  } finally {
+    String.prototype.endsWith = endsWith;
+  }
+  const turns = Array.from({ length: 5_000 }, (_, i) => `turn ${i}`);
+  assert.deepEqual(chat.messages.map((m) => m.role), ["system", "user", "assistant", "user"]);
+  assert.equal(chat.messages[0].content, joined);
+  assert.equal(chat.messages[1].content, joined);
+  assert.equal(chat.messages[2].content, `${joined}\nmore`);
+  assert.equal(chat.messages[3].content, turns.join("\n\n"));
+  assert.ok(read < 4 * (3 * joined.length + turns.join("").length), `${read} characters read`);
 });
 
 Deno.test("an ONNX tokenizer's 4 million ids are copied out in runs, with turns between them", async () => {
