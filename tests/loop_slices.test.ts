@@ -58,6 +58,58 @@ Deno.test("a large render's 50,000 tools go to the template worker in parts, wit
   }
 });
 
+Deno.test("wide call arguments and tool schemas render on the template worker, small ones here", async () => {
+  const template = new ChatTemplate({
+    source: "{% if tools %}{% for t in tools %}{{ t.function.parameters | tojson }};{% endfor %}{% endif %}" +
+      "{% for m in messages %}[{{ m.role }}] {{ m.content }}" +
+      "{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}={{ c.function.arguments | tojson }}" +
+      "{% endfor %}{% endif %}\n" +
+      "{% endfor %}",
+    specials: { bos: "", eos: "" },
+    markup: [],
+  });
+  const call = (args: Record<string, unknown>) => [
+    { role: "user" as const, text: "hi" },
+    { role: "assistant" as const, text: "", toolCalls: [{ id: "c", name: "f", arguments: args }] },
+  ];
+  const tool = (parameters: Record<string, unknown>) => [{ name: "f", parameters }];
+  const wide = Array.from({ length: 200_000 }, () => 0);
+  const inputs = {
+    smallCall: { messages: call({ city: "Paris" }), tools: [], thinking: undefined },
+    wideCall: { messages: call({ a: wide }), tools: [], thinking: undefined },
+    deepCall: {
+      messages: call({ a: Array.from({ length: 20_000 }, () => []) }),
+      tools: [],
+      thinking: undefined,
+    },
+    smallTool: { messages: call({}), tools: tool({ type: "object" }), thinking: undefined },
+    wideTool: {
+      messages: call({}),
+      tools: tool({ type: "object", properties: { a: { type: "integer", examples: wide } } }),
+      thinking: undefined,
+    },
+  };
+  const renders: string[] = [];
+  const post = Worker.prototype.postMessage;
+  let current = "";
+  Worker.prototype.postMessage = function (this: Worker, message: { type: string }, ...rest: never[]) {
+    if (message.type === "render") renders.push(current);
+    return post.call(this, message, ...rest);
+  } as typeof post;
+  try {
+    for (const [name, input] of Object.entries(inputs)) {
+      current = name;
+      const prompt = await template.renderAsync(input);
+      assert.deepEqual(prompt, template.render(input), name);
+    }
+    // One call of 200,000 numbers counted as 200 characters and rendered on this thread.
+    assert.deepEqual(renders, ["wideCall", "deepCall", "wideTool"]);
+  } finally {
+    Worker.prototype.postMessage = post;
+    template.dispose();
+  }
+});
+
 Deno.test("an Anthropic request's text blocks are joined once, not one block at a time", async () => {
   const blocks = Array.from({ length: 20_000 }, (_, i) => ({ type: "text", text: `b${i}` }));
   const joined = blocks.map((b) => b.text).join("\n");

@@ -50,15 +50,59 @@ export class ChatTemplate extends TemplateRenderer {
   }
 }
 
-/** The cost of rendering `input`, in the units of {@link INLINE_RENDER_SIZE}. */
+/**
+ * Characters a value is taken for in {@link renderSize}: the template's interpreter converts and
+ * prints every value and key of a call's arguments or a tool's schema (`tojson`), so each counts as
+ * this many characters besides its own text.
+ */
+const VALUE_CHARS = 40;
+
+/**
+ * The cost of rendering `input`, in the units of {@link INLINE_RENDER_SIZE}: past the limit, only
+ * that it is past. A call's arguments and a tool's schema count by what they hold: one call of a
+ * 2,000,000-number array (4 MB of JSON) counted as 200 characters, and rendered here.
+ */
 function renderSize(input: TemplateInput): number {
+  const limit = INLINE_RENDER_SIZE * 1000;
   let chars = 0;
   for (const m of input.messages) {
     chars += m.text.length;
-    if (m.role === "assistant") chars += (m.reasoning?.length ?? 0) + m.toolCalls.length * 200;
+    if (m.role === "assistant") {
+      chars += m.reasoning?.length ?? 0;
+      for (const c of m.toolCalls) {
+        if (chars > limit) break;
+        chars += 200 + valueChars(c.arguments, limit - chars);
+      }
+    }
   }
-  for (const t of input.tools) chars += (t.description?.length ?? 0) + 2000;
+  for (const t of input.tools) {
+    if (chars > limit) break;
+    chars += (t.description?.length ?? 0) + Math.max(2000, valueChars(t.parameters, limit - chars));
+  }
   return input.messages.length + input.tools.length + chars / 1000;
+}
+
+/**
+ * {@link VALUE_CHARS} for each value and key in `value` plus their strings' lengths, looked at only
+ * until the count passes `limit` (a wide value costs no more to weigh than one just over it).
+ */
+function valueChars(value: unknown, limit: number): number {
+  let chars = 0;
+  const visit = (v: unknown): void => {
+    chars += VALUE_CHARS;
+    if (typeof v === "string") chars += v.length;
+    else if (Array.isArray(v)) {
+      for (let i = 0; i < v.length && chars <= limit; i++) visit(v[i]);
+    } else if (typeof v === "object" && v !== null) {
+      for (const k in v) {
+        if (chars > limit) break;
+        chars += VALUE_CHARS + k.length;
+        visit((v as Record<string, unknown>)[k]);
+      }
+    }
+  };
+  visit(value);
+  return chars;
 }
 
 /**
