@@ -92,8 +92,17 @@ Deno.test("wide call arguments and tool schemas render on the template worker, s
   const renders: string[] = [];
   const post = Worker.prototype.postMessage;
   let current = "";
-  Worker.prototype.postMessage = function (this: Worker, message: { type: string }, ...rest: never[]) {
+  const asText: string[] = [];
+  Worker.prototype.postMessage = function (
+    this: Worker,
+    message: { type: string; items?: { toolCalls?: { argumentsJson?: string }[] }[] },
+    ...rest: never[]
+  ) {
     if (message.type === "render") renders.push(current);
+    // Wide arguments go as their JSON text (a structured clone copies each value on this thread).
+    if (message.items?.some((m) => m.toolCalls?.some((c) => typeof c.argumentsJson === "string"))) {
+      asText.push(current);
+    }
     return post.call(this, message, ...rest);
   } as typeof post;
   try {
@@ -104,6 +113,7 @@ Deno.test("wide call arguments and tool schemas render on the template worker, s
     }
     // One call of 200,000 numbers counted as 200 characters and rendered on this thread.
     assert.deepEqual(renders, ["wideCall", "deepCall", "wideTool"]);
+    assert.deepEqual(asText, ["wideCall", "deepCall"]);
   } finally {
     Worker.prototype.postMessage = post;
     template.dispose();
