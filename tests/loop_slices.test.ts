@@ -10,6 +10,10 @@ import { idLists } from "../src/engines/onnx/embedding.ts";
 import { Slicer } from "../src/event_loop.ts";
 import { type ApiError, slicedJsonResponse } from "../src/http/errors.ts";
 import { detokenize } from "../src/services/tokens.ts";
+import { toChatRequest } from "../src/services/messages.ts";
+import { checkSchemaLimits } from "../src/services/schema_check.ts";
+import { ReasoningSealer } from "../src/services/reasoning_seal.ts";
+import { MessagesRequestSchema } from "../src/protocol/anthropic.ts";
 import type { ChatEngine } from "../src/engines/types.ts";
 
 const TOOLS_TEMPLATE =
@@ -52,6 +56,125 @@ Deno.test("a large render's 50,000 tools go to the template worker in parts, wit
     Worker.prototype.postMessage = post;
     template.dispose();
   }
+});
+
+Deno.test("wide call arguments and tool schemas render on the template worker, small ones here", async () => {
+  const template = new ChatTemplate({
+    source: "{% if tools %}{% for t in tools %}{{ t.function.parameters | tojson }};{% endfor %}{% endif %}" +
+      "{% for m in messages %}[{{ m.role }}] {{ m.content }}" +
+      "{% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}={{ c.function.arguments | tojson }}" +
+      "{% endfor %}{% endif %}\n" +
+      "{% endfor %}",
+    specials: { bos: "", eos: "" },
+    markup: [],
+  });
+  const call = (args: Record<string, unknown>) => [
+    { role: "user" as const, text: "hi" },
+    { role: "assistant" as const, text: "", toolCalls: [{ id: "c", name: "f", arguments: args }] },
+  ];
+  const tool = (parameters: Record<string, unknown>) => [{ name: "f", parameters }];
+  const wide = Array.from({ length: 200_000 }, () => 0);
+  const inputs = {
+    smallCall: { messages: call({ city: "Paris" }), tools: [], thinking: undefined },
+    wideCall: { messages: call({ a: wide }), tools: [], thinking: undefined },
+    deepCall: {
+      messages: call({ a: Array.from({ length: 20_000 }, () => []) }),
+      tools: [],
+      thinking: undefined,
+    },
+    smallTool: { messages: call({}), tools: tool({ type: "object" }), thinking: undefined },
+    wideTool: {
+      messages: call({}),
+      tools: tool({ type: "object", properties: { a: { type: "integer", examples: wide } } }),
+      thinking: undefined,
+    },
+  };
+  const renders: string[] = [];
+  const post = Worker.prototype.postMessage;
+  let current = "";
+  const asText: string[] = [];
+  Worker.prototype.postMessage = function (
+    this: Worker,
+    message: { type: string; items?: { toolCalls?: { argumentsJson?: string }[] }[] },
+    ...rest: never[]
+  ) {
+    if (message.type === "render") renders.push(current);
+    // Wide arguments go as their JSON text (a structured clone copies each value on this thread).
+    if (message.items?.some((m) => m.toolCalls?.some((c) => typeof c.argumentsJson === "string"))) {
+      asText.push(current);
+    }
+    return post.call(this, message, ...rest);
+  } as typeof post;
+  try {
+    for (const [name, input] of Object.entries(inputs)) {
+      current = name;
+      const prompt = await template.renderAsync(input);
+      assert.deepEqual(prompt, template.render(input), name);
+    }
+    // One call of 200,000 numbers counted as 200 characters and rendered on this thread.
+    assert.deepEqual(renders, ["wideCall", "deepCall", "wideTool"]);
+    assert.deepEqual(asText, ["wideCall", "deepCall"]);
+  } finally {
+    Worker.prototype.postMessage = post;
+    template.dispose();
+  }
+});
+
+Deno.test("an Anthropic request's text blocks are joined once, not one block at a time", async () => {
+  const blocks = Array.from({ length: 20_000 }, (_, i) => ({ type: "text", text: `b${i}` }));
+  const joined = blocks.map((b) => b.text).join("\n");
+  const req = MessagesRequestSchema.parse({
+    model: "m",
+    max_tokens: 1,
+    system: blocks,
+    messages: [
+      { role: "user", content: blocks },
+      { role: "assistant", content: blocks },
+      { role: "assistant", content: [{ type: "text", text: "more" }] },
+      ...Array.from({ length: 5_000 }, (_, i) => ({ role: "user", content: `turn ${i}` })),
+    ],
+  });
+  // The characters the joins look at the end of: each join of the old code read the whole text so
+  // far (20,000 blocks: ~1.4 billion characters a list; 50,000 held the event loop 7 s).
+  let read = 0;
+  const endsWith = String.prototype.endsWith;
+  String.prototype.endsWith = function (this: string, ...args: Parameters<typeof endsWith>) {
+    read += this.length;
+    return endsWith.apply(this, args);
+  };
+  let chat;
+  try {
+    ({ chat } = await toChatRequest(req, { hostedTools: "ignore", sealer: await ReasoningSealer.create() }));
+  } finally {
+    String.prototype.endsWith = endsWith;
+  }
+  const turns = Array.from({ length: 5_000 }, (_, i) => `turn ${i}`);
+  assert.deepEqual(chat.messages.map((m) => m.role), ["system", "user", "assistant", "user"]);
+  assert.equal(chat.messages[0].content, joined);
+  assert.equal(chat.messages[1].content, joined);
+  assert.equal(chat.messages[2].content, `${joined}\nmore`);
+  assert.equal(chat.messages[3].content, turns.join("\n\n"));
+  assert.ok(read < 4 * (3 * joined.length + turns.join("").length), `${read} characters read`);
+});
+
+Deno.test("a schema with a list past the value limit is refused before the list is walked", () => {
+  const schema = {
+    type: "object",
+    properties: { a: { type: "integer", examples: Array.from({ length: 2_000_000 }, () => 0) } },
+  };
+  let pushes = 0;
+  const push = Array.prototype.push;
+  Array.prototype.push = function (this: unknown[], ...items: unknown[]) {
+    pushes++;
+    return push.apply(this, items);
+  };
+  try {
+    assert.throws(() => checkSchemaLimits(schema, "tools[0].function.parameters"), /more than 10000 values/);
+  } finally {
+    Array.prototype.push = push;
+  }
+  // The old walk pushed all 2,000,000 numbers (250-330 ms of the event loop) to fail at the 10,001st.
+  assert.ok(pushes < 100, `${pushes} values pushed`);
 });
 
 Deno.test("an ONNX tokenizer's 4 million ids are copied out in runs, with turns between them", async () => {

@@ -335,16 +335,19 @@ export async function toChatRequest(
   const calls = new Set<string>();
   /** The assistant message that consecutive assistant items (reasoning, text, calls) build. */
   let open: Extract<ChatMessage, { role: "assistant" }> | undefined;
+  /** Where `open` is in `messages` (a search per call: 8,192 calls made ~67 million comparisons). */
+  let openAt = -1;
   const assistant = (from: string, fresh = false) => {
     if (!open || fresh) {
       open = { role: "assistant", content: null, tool_calls: [] };
+      openAt = messages.length;
       push(open, from);
     }
     return open;
   };
   const call = (at: string, callId: string, name: string, args: string) => {
     const a = assistant(at);
-    params.calls.set(`messages[${messages.indexOf(a)}].tool_calls[${a.tool_calls!.length}]`, at);
+    params.calls.set(`messages[${openAt}].tool_calls[${a.tool_calls!.length}]`, at);
     a.tool_calls!.push({ id: callId, type: "function", function: { name, arguments: args } });
     calls.add(callId);
   };

@@ -11,7 +11,8 @@ import {
   type TemplateSource,
   unpackPrompt,
 } from "./template_render.ts";
-import type { RenderReply, RenderRequest } from "./template_worker.ts";
+import type { RenderReply, RenderRequest, WireCall } from "./template_worker.ts";
+import type { EngineMessage } from "../types.ts";
 import { Slicer } from "../../event_loop.ts";
 
 export type { TemplateInput, TemplateSource } from "./template_render.ts";
@@ -50,15 +51,88 @@ export class ChatTemplate extends TemplateRenderer {
   }
 }
 
-/** The cost of rendering `input`, in the units of {@link INLINE_RENDER_SIZE}. */
+/**
+ * Characters a value is taken for in {@link renderSize}: the template's interpreter converts and
+ * prints every value and key of a call's arguments or a tool's schema (`tojson`), so each counts as
+ * this many characters besides its own text.
+ */
+const VALUE_CHARS = 40;
+
+/**
+ * The cost of rendering `input`, in the units of {@link INLINE_RENDER_SIZE}: past the limit, only
+ * that it is past. A call's arguments and a tool's schema count by what they hold: one call of a
+ * 2,000,000-number array (4 MB of JSON) counted as 200 characters, and rendered here.
+ */
 function renderSize(input: TemplateInput): number {
+  const limit = INLINE_RENDER_SIZE * 1000;
   let chars = 0;
   for (const m of input.messages) {
     chars += m.text.length;
-    if (m.role === "assistant") chars += (m.reasoning?.length ?? 0) + m.toolCalls.length * 200;
+    if (m.role === "assistant") {
+      chars += m.reasoning?.length ?? 0;
+      for (const c of m.toolCalls) {
+        if (chars > limit) break;
+        chars += 200 + valueChars(c.arguments, limit - chars);
+      }
+    }
   }
-  for (const t of input.tools) chars += (t.description?.length ?? 0) + 2000;
+  for (const t of input.tools) {
+    if (chars > limit) break;
+    chars += (t.description?.length ?? 0) + Math.max(2000, valueChars(t.parameters, limit - chars));
+  }
   return input.messages.length + input.tools.length + chars / 1000;
+}
+
+/**
+ * {@link VALUE_CHARS} for each value and key in `value` plus their strings' lengths, looked at only
+ * until the count passes `limit` (a wide value costs no more to weigh than one just over it).
+ */
+function valueChars(value: unknown, limit: number): number {
+  let chars = 0;
+  const visit = (v: unknown): void => {
+    chars += VALUE_CHARS;
+    if (typeof v === "string") chars += v.length;
+    else if (Array.isArray(v)) {
+      for (let i = 0; i < v.length && chars <= limit; i++) visit(v[i]);
+    } else if (typeof v === "object" && v !== null) {
+      for (const k in v) {
+        if (chars > limit) break;
+        chars += VALUE_CHARS + k.length;
+        visit((v as Record<string, unknown>)[k]);
+      }
+    }
+  };
+  visit(value);
+  return chars;
+}
+
+/**
+ * Call arguments of more than this many characters (by {@link valueChars}) go to the worker as JSON
+ * text: a structured clone copies each value on this thread, 2,000,000 numbers in 56-106 ms and
+ * 25 calls of 99,990 empty arrays in 0.5 s in one message, while their text is 15-31 and 2.5 ms a
+ * call to write (between turns) and is copied whole.
+ */
+const WIDE_ARGUMENTS = 100_000;
+
+/** `messages` with their calls' wide arguments as JSON text ({@link WireCall}), turns between calls. */
+async function withWideArgumentsAsText(messages: EngineMessage[], slices: Slicer): Promise<EngineMessage[]> {
+  const out: EngineMessage[] = [];
+  for (const m of messages) {
+    if (m.role !== "assistant" || m.toolCalls.length === 0) {
+      out.push(m);
+      continue;
+    }
+    const toolCalls: WireCall[] = [];
+    for (const c of m.toolCalls) {
+      if (valueChars(c.arguments, WIDE_ARGUMENTS) <= WIDE_ARGUMENTS) toolCalls.push(c);
+      else {
+        if (slices.due) await slices.pause();
+        toolCalls.push({ id: c.id, name: c.name, arguments: {}, argumentsJson: JSON.stringify(c.arguments) });
+      }
+    }
+    out.push({ ...m, toolCalls });
+  }
+  return out;
 }
 
 /**
@@ -103,7 +177,8 @@ class RenderWorker {
         const list = input[key];
         for (let at = 0; at < list.length; at += PART_ITEMS) {
           if (slices.due) await slices.pause();
-          const items = list.slice(at, at + PART_ITEMS);
+          let items = list.slice(at, at + PART_ITEMS);
+          if (key === "messages") items = await withWideArgumentsAsText(items as EngineMessage[], slices);
           this.#worker.postMessage({ type: "part", id, key, items } satisfies RenderRequest);
         }
       }

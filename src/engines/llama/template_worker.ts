@@ -10,7 +10,10 @@ import {
   TemplateRenderer,
   type TemplateSource,
 } from "./template_render.ts";
-import { EngineInputError } from "../types.ts";
+import { type EngineHistoryCall, EngineInputError } from "../types.ts";
+
+/** A history call as posted here: wide arguments come as their JSON text (see template.ts). */
+export type WireCall = EngineHistoryCall & { argumentsJson?: string };
 
 /**
  * What the render worker is asked and answers: a render's messages and tools come first in parts
@@ -42,7 +45,16 @@ scope.onmessage = ({ data }) => {
   if (data.type === "part") {
     let got = parts.get(data.id);
     if (!got) parts.set(data.id, got = { messages: [], tools: [] });
-    for (const item of data.items) got[data.key].push(item);
+    for (const item of data.items) {
+      if (data.key === "messages" && item && (item as { role?: string }).role === "assistant") {
+        for (const c of (item as { toolCalls: WireCall[] }).toolCalls) {
+          if (c.argumentsJson === undefined) continue;
+          c.arguments = JSON.parse(c.argumentsJson);
+          delete c.argumentsJson;
+        }
+      }
+      got[data.key].push(item);
+    }
     return;
   }
   if (data.type === "drop") {
