@@ -241,7 +241,7 @@ export class Scheduler {
   #admitted = 0;
   /** Counts prompt chunks: the order in which prompts were last served. */
   #chunkClock = 0;
-  /** Milliseconds the last decode step of generating sequences took (0: none yet). */
+  /** Milliseconds the last decode step of generating sequences took, sampling included (0: none yet). */
   #lastDecodeStepMs = 0;
   #jobs = 0;
   readonly #trace: ((event: Record<string, unknown>) => void) | undefined;
@@ -790,10 +790,10 @@ export class Scheduler {
   /**
    * Prompt chunks, up to {@link STEP_PROMPT_TOKENS} in all (at least one chunk; fewer while sequences
    * wait for their next token), the prompt with the smallest {@link Running.key} first, to its end if
-   * the step has room: the one that would finish first had it run alone since it arrived. Prompts that arrive together are
-   * finished one after the other, shortest first, instead of all together at the end; a short
-   * request never waits for a long prompt; and a long prompt moves ahead of newer ones once it has
-   * waited as long as its own work takes. A prompt that others wait for to copy its prefix goes at
+   * the step has room: the one that would finish first had it run alone since it arrived. Prompts
+   * that arrive together are finished one after the other, shortest first, instead of all together
+   * at the end; a short request never waits for a long prompt; and a long prompt moves ahead of
+   * newer ones once it has waited as long as its own work takes. A prompt that others wait for to copy its prefix goes at
    * the earliest of their keys. (One chunk per prompt and step, as before, served prompts of two
    * chunks round robin: 8 agent turns of ~130 tokens cut at 1,536 all got their first token after
    * the last one's second chunk.)
