@@ -4,7 +4,8 @@
  */
 import assert from "node:assert/strict";
 import { acceptsText, acceptsTokens, loadGrammarModel } from "./helpers/grammar.ts";
-import { GrammarConstraint } from "../src/engines/llama/grammar.ts";
+import { GrammarConstraint, MAX_STACKS, SYNC_STACKS } from "../src/engines/llama/grammar.ts";
+import { EngineInputError } from "../src/engines/types.ts";
 import { gbnfLiteral, GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
 import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
 import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
@@ -693,5 +694,74 @@ Deno.test("the output check compiles a schema of 3,000 properties (Ajv's nested 
     assert.equal((await checker.check(schema, { ...value, p7: "x" })).ok, false);
   } finally {
     checker.close();
+  }
+});
+
+Deno.test("a grammar whose alternatives multiply goes off the event loop, then is refused past its bound, naming the field", async () => {
+  // Each level is a oneOf of the level below and an object holding it: both begin with `{`, so every
+  // `{"b":` can be read at any level, and the ways to read the output multiply (30 levels held one
+  // token for minutes in llama.cpp, on the event loop).
+  const defs: Record<string, unknown> = { l0: { type: "object", properties: { a: { type: "integer" } } } };
+  for (let i = 1; i <= 30; i++) {
+    defs[`l${i}`] = {
+      oneOf: [{ $ref: `#/$defs/l${i - 1}` }, {
+        type: "object",
+        properties: { b: { $ref: `#/$defs/l${i - 1}` } },
+      }],
+    };
+  }
+  const g = await GrammarConstraint.parse(
+    model,
+    schemaGrammar({ $ref: "#/$defs/l30", $defs: defs }),
+    undefined,
+    "response_format.json_schema.schema",
+  );
+  assert.ok(g);
+  try {
+    assert.ok(g.stacks > 0 && g.stacks <= SYNC_STACKS, `open alternatives at the start: ${g.stacks}`);
+    let offLoop = 0;
+    let refused: unknown;
+    let tokens = 0;
+    outer: for (const piece of '{"b":'.repeat(40)) {
+      for (const token of model.tokenize(piece, false)) {
+        const heavy: boolean = g.stacks > SYNC_STACKS;
+        // One token's check stays on the event loop (cheap up to the bound).
+        assert.ok(g.allows(token));
+        try {
+          const step = g.accept(token);
+          assert.equal(step instanceof Promise, heavy, `token ${tokens}: ${g.stacks} open alternatives`);
+          if (step) {
+            offLoop++;
+            await step;
+          }
+        } catch (e) {
+          refused = e;
+          break outer;
+        }
+        tokens++;
+      }
+    }
+    assert.ok(offLoop > 0, "no step went off the event loop");
+    assert.ok(refused instanceof EngineInputError, `refused: ${refused}`);
+    assert.equal(refused.code, "schema_too_large");
+    assert.equal(refused.param, "response_format.json_schema.schema");
+    assert.match(refused.message, new RegExp(`at most ${MAX_STACKS}`));
+    assert.ok(g.stacks > MAX_STACKS);
+  } finally {
+    g.free();
+  }
+  // A plain schema stays on the event loop: few alternatives, every step synchronous.
+  const plain = await GrammarConstraint.parse(model, schemaGrammar(person));
+  assert.ok(plain);
+  try {
+    for (const piece of '{"name": "Ann", "age": 3}') {
+      for (const token of model.tokenize(piece, false)) {
+        assert.ok(plain.allows(token));
+        assert.equal(plain.accept(token), undefined);
+        assert.ok(plain.stacks <= SYNC_STACKS);
+      }
+    }
+  } finally {
+    plain.free();
   }
 });

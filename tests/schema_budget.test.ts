@@ -305,6 +305,98 @@ serverTest("schemas llama.cpp cannot take are a 400 naming the keyword, before g
 });
 
 serverTest(
+  "alternatives that begin alike and nest (a oneOf chain of 30) are refused while generating, off the event loop, /health answering",
+  async () => {
+    // Small to compile, but every `{"b":` of the output can be read at any of the 30 levels: the ways
+    // to read it multiply with each one (llama.cpp took minutes a token on the event loop).
+    const oneOfChain = chain(30, (below) => ({
+      oneOf: [{ $ref: below }, { type: "object", properties: { b: { $ref: below } } }],
+    }), { type: "object", properties: { a: { type: "integer" } }, required: ["a"] });
+    // The model is steered into the nesting, `{"b":` again and again: those tokens wherever the
+    // grammar allows them (so few steps mask the vocabulary), never "a" nor a "}".
+    const bias: Record<number, number> = {};
+    const steer = [['{"', 100], ["b", 100], ['":', 100], ["a", -100], ['"a', -100], ["}", -100]] as const;
+    for (const [text, value] of steer) {
+      const tokenized = await post("/tokenize", { model: CHAT, content: text, add_special: false });
+      assert.equal(tokenized.status, 200);
+      const ids = tokenized.body.tokens as number[];
+      if (ids.length === 1) bias[ids[0]] = value;
+    }
+    assert.ok(Object.keys(bias).length >= 4, JSON.stringify(bias));
+    assert.ok(Object.values(bias).includes(100), JSON.stringify(bias));
+    const stallsBefore = await stallsOver50ms();
+    let healthy = 0;
+    let stop = false;
+    const prober = (async () => {
+      while (!stop) {
+        const res = await fetch(url("/health"));
+        await res.body?.cancel();
+        assert.equal(res.status, 200);
+        healthy++;
+      }
+    })();
+    const request = (stream: boolean) =>
+      post("/v1/chat/completions", {
+        ...chatWith(oneOfChain),
+        max_tokens: 200,
+        logit_bias: bias,
+        chat_template_kwargs: { enable_thinking: false },
+        seed: 7,
+        stream,
+      });
+    const [plain, streamed] = await Promise.all([request(false), request(true)]);
+    stop = true;
+    await prober;
+    assertApiError(plain, 400, { code: "schema_too_large", param: "response_format.json_schema.schema" });
+    assert.match(plain.body.error.message, /too ambiguous to follow.*at most 1024/);
+    // A stream that already began ends with the same error as its last event before [DONE].
+    assert.equal(streamed.status, 200);
+    const events = String(streamed.body).split("\n").filter((l) => l.startsWith("data: "));
+    assert.equal(events.at(-1), "data: [DONE]");
+    const error = JSON.parse(events.at(-2)!.slice(6)).error;
+    assert.equal(error?.code, "schema_too_large", String(streamed.body).slice(-400));
+    assert.equal(error.param, "response_format.json_schema.schema");
+    assert.ok(healthy > 0, "no /health answer came");
+    assert.equal(await stallsOver50ms() - stallsBefore, 0, "the event loop was held over 50 ms");
+  },
+);
+
+serverTest(
+  "output that matches several overlapping oneOf alternatives is a 400 naming the field, not a 500",
+  async () => {
+    // Every boolean matches both alternatives: the grammar enforces one at least, never exactly one.
+    const overlapping = { oneOf: [{ type: "boolean" }, { enum: [true, false] }] };
+    const off = { chat_template_kwargs: { enable_thinking: false } };
+    const res = await post("/v1/chat/completions", { ...chatWith(overlapping), max_tokens: 16, ...off });
+    assertApiError(res, 400, { code: "unsupported_schema", param: "response_format.json_schema.schema" });
+    assert.match(res.body.error.message, /more than one of the oneOf alternatives at the top/);
+    const tool = await post("/v1/chat/completions", {
+      model: CHAT,
+      messages: [{ role: "user", content: "x" }],
+      max_tokens: 40,
+      chat_template_kwargs: { enable_thinking: false },
+      tools: [{
+        type: "function",
+        function: {
+          name: "f",
+          parameters: { type: "object", properties: { v: overlapping }, required: ["v"] },
+        },
+      }],
+      tool_choice: "required",
+    });
+    assertApiError(tool, 400, { code: "unsupported_schema", param: "tools[0].function.parameters" });
+    assert.match(tool.body.error.message, /oneOf alternatives at '\/v'/);
+    // Alternatives that exclude each other keep working.
+    const exclusive = await post("/v1/chat/completions", {
+      ...chatWith({ oneOf: [{ type: "boolean" }, { type: "null" }] }),
+      max_tokens: 16,
+      ...off,
+    });
+    assert.equal(exclusive.status, 200, JSON.stringify(exclusive.body));
+  },
+);
+
+serverTest(
   "SIGTERM while schemas compile: the requests in flight are answered 400, the server exits 0",
   async () => {
     // A server of its own: it is stopped here. The drain time is short so that on the old code (the

@@ -105,7 +105,7 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
       ctx.log.warn("the output failed its schema; generating it again", {
         request_id: ctx.requestId,
         attempt,
-        fault,
+        fault: fault.text,
       });
       job.sampling.seed = (job.sampling.seed ?? Math.floor(Math.random() * 2 ** 31)) + 7919;
     }
@@ -147,11 +147,27 @@ function uncheckable(reason: string, param: string): ApiError {
   );
 }
 
-function invalidOutput(fault: string): ApiError {
+/** Why output failed its schema; `overlap`: it matched several `oneOf` alternatives (the schema's fault). */
+type Fault = { text: string; overlap?: { param: string; at: string } };
+
+function invalidOutput(fault: Fault): ApiError {
+  if (fault.overlap) {
+    const { param, at } = fault.overlap;
+    return badRequest(
+      `The output matched more than one of the oneOf alternatives at ${
+        at ? `'${at}'` : "the top"
+      } of ${param}: ` +
+        "constrained decoding enforces at least one alternative, not exactly one, so oneOf alternatives that " +
+        "overlap cannot be met. Use anyOf, or make the alternatives exclude each other (e.g. a property with a " +
+        "different const in each).",
+      param,
+      "unsupported_schema",
+    );
+  }
   return new ApiError(
     500,
     "server_error",
-    `The model's output did not satisfy the requested schema (${fault}); no answer is returned rather than an invalid one.`,
+    `The model's output did not satisfy the requested schema (${fault.text}); no answer is returned rather than an invalid one.`,
     null,
     "invalid_output",
   );
@@ -165,7 +181,7 @@ type OutputCheck = (
   index: number,
   message: { content?: string | null; tool_calls?: ToolCall[] },
   finish: FinishReason,
-) => Promise<string | undefined>;
+) => Promise<Fault | undefined>;
 
 /**
  * The check of finished output against the schemas the request promises: the `json_schema`
@@ -190,11 +206,15 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
       try {
         value = JSON.parse(message.content ?? "");
       } catch {
-        return "the content is not JSON";
+        return { text: "the content is not JSON" };
       }
       const r = await checkAgainstSchema(schema, value);
       if (!r.ok && r.timedOut) throw uncheckable(r.reason, "response_format.json_schema.schema");
-      if (!r.ok) return `response_format: ${r.reason}`;
+      if (!r.ok) {
+        const param = "response_format.json_schema.schema";
+        const overlap = r.overlap === undefined ? undefined : { param, at: r.overlap };
+        return { text: `response_format: ${r.reason}`, overlap };
+      }
     }
     for (const call of message.tool_calls ?? []) {
       const params = toolSchemas.get(call.function.name);
@@ -203,13 +223,17 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
       try {
         value = JSON.parse(call.function.arguments);
       } catch {
-        return `the arguments of ${call.function.name} are not JSON`;
+        return { text: `the arguments of ${call.function.name} are not JSON` };
       }
       const r = await checkAgainstSchema(params, value);
       if (!r.ok && r.timedOut) {
         throw uncheckable(r.reason, `tools[${toolIndex(call.function.name)}].function.parameters`);
       }
-      if (!r.ok) return `${call.function.name}: ${r.reason}`;
+      if (!r.ok) {
+        const param = `tools[${toolIndex(call.function.name)}].function.parameters`;
+        const overlap = r.overlap === undefined ? undefined : { param, at: r.overlap };
+        return { text: `${call.function.name}: ${r.reason}`, overlap };
+      }
     }
     return undefined;
   };

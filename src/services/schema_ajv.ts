@@ -7,7 +7,11 @@
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
 
 /** The outcome of one check. */
-export type CheckResult = { ok: true } | { ok: false; reason: string; timedOut?: boolean };
+/**
+ * A check's result; `overlap`: where (a JSON pointer into the value) the value matched several of a
+ * `oneOf`'s alternatives, which a grammar cannot rule out (it enforces at least one).
+ */
+export type CheckResult = { ok: true } | { ok: false; reason: string; timedOut?: boolean; overlap?: string };
 
 const ajv = new Ajv2020({
   strict: false,
@@ -98,5 +102,9 @@ export function validateJson(key: string, value: unknown): CheckResult {
   } catch (e) {
     return { ok: false, reason: `the check failed: ${(e as Error).message}` };
   }
-  return { ok: false, reason: ajv.errorsText(validate.errors).slice(0, MAX_REASON) };
+  const reason = ajv.errorsText(validate.errors).slice(0, MAX_REASON);
+  const overlap = validate.errors?.find((e) =>
+    e.keyword === "oneOf" && Array.isArray(e.params.passingSchemas)
+  );
+  return overlap ? { ok: false, reason, overlap: overlap.instancePath } : { ok: false, reason };
 }

@@ -28,7 +28,7 @@ const GRAMMAR_CACHE = { entries: 256, chars: 64 * 1024 * 1024 };
 
 /** What constrains a job's output: a grammar, nothing, or a refusal (a 400), as built from its inputs. */
 type GrammarPlan =
-  | { kind: "grammar"; text: string; trigger?: GrammarTrigger }
+  | { kind: "grammar"; text: string; trigger?: GrammarTrigger; param: string }
   | { kind: "none" }
   | { kind: "refused"; error: EngineInputError };
 
@@ -97,7 +97,7 @@ export class ChatGrammars {
     const plan = await this.#plan(job, inThink, thinking, signal);
     if (plan.kind === "none") return null;
     if (plan.kind === "refused") throw plan.error;
-    const grammar = await GrammarConstraint.parse(this.#model, plan.text, plan.trigger);
+    const grammar = await GrammarConstraint.parse(this.#model, plan.text, plan.trigger, plan.param);
     if (!grammar) {
       this.#log.error("llama.cpp rejected a generated grammar", { grammar: plan.text.slice(0, 2000) });
       throw new Error("the output grammar could not be built");
@@ -159,7 +159,7 @@ export class ChatGrammars {
       const tools = typeof job.toolChoice === "object"
         ? job.tools.filter((t) => t.name === (job.toolChoice as { name: string }).name)
         : job.tools;
-      return { kind: "grammar", text: this.#callsGrammar(job, tools, inThink, thinking) };
+      return { kind: "grammar", text: this.#callsGrammar(job, tools, inThink, thinking), param: "tools" };
     }
     if (mode === "output" || mode === "call_or_output") {
       const g = new JsonGrammar(new GbnfRules("", this.#automata));
@@ -176,6 +176,7 @@ export class ChatGrammars {
       const calls = mode === "call_or_output" ? this.#optionalCalls(g, job) : undefined;
       return {
         kind: "grammar",
+        param,
         text: g.rules.text(
           `root ::= ${thinkPrefix(g, this.#think, inThink, thinking)}${
             calls ? `( ${calls} | ${payload} )` : payload
@@ -198,7 +199,7 @@ export class ChatGrammars {
     const trigger = this.#openTokens.length === 1
       ? { tokens: this.#openTokens, patterns: [] }
       : { tokens: [], patterns: [`[\\s\\S]*?(${escapeRegExp(this.dialect.open)}[\\s\\S]*)`] };
-    return { kind: "grammar", text, trigger };
+    return { kind: "grammar", text, trigger, param: "tools" };
   }
 
   /**

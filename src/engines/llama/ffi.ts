@@ -185,6 +185,13 @@ const SYMBOLS = {
     nonblocking: true,
   },
   llama_sampler_accept: { parameters: ["pointer", "i32"], result: "void" },
+  // A grammar with many open alternatives takes milliseconds to seconds a token (grammar.ts).
+  llama_sampler_accept_nonblocking: {
+    name: "llama_sampler_accept",
+    parameters: ["pointer", "i32"],
+    result: "void",
+    nonblocking: true,
+  },
   llama_sampler_clone: { parameters: ["pointer"], result: "pointer" },
   llama_sampler_free: { parameters: ["pointer"], result: "void" },
   llama_attach_threadpool: { parameters: ["pointer", "pointer", "pointer"], result: "void" },

@@ -1037,7 +1037,9 @@ export class Scheduler {
         r.job.logprobs,
       );
       if (this.#model.isEog(token)) return this.#end(r, c, "eog");
-      c.spec.grammar?.accept(token);
+      // Off the event loop (a promise) when the grammar has many open alternatives (grammar.ts).
+      const accepted = c.spec.grammar?.accept(token);
+      if (accepted) await accepted;
       c.spec.sampler.accept(token);
       c.generated++;
       this.stats.tokensGenerated++;
