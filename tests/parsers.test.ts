@@ -6,7 +6,13 @@ import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
 import { dialectOfTemplate } from "../src/engines/llama/dialects/index.ts";
 import type { ToolDialect } from "../src/engines/llama/dialects/types.ts";
 import { StopMatcher } from "../src/engines/llama/stop_strings.ts";
-import { logprobsOf, type SamplingParams, TokenSampler, topTokens } from "../src/engines/llama/sampler.ts";
+import {
+  FILTER_TRIES,
+  logprobsOf,
+  type SamplingParams,
+  TokenSampler,
+  topTokens,
+} from "../src/engines/llama/sampler.ts";
 import type { EngineTool } from "../src/engines/types.ts";
 
 const TOOLS: EngineTool[] = [
@@ -162,6 +168,41 @@ Deno.test("sampler: greedy picks the largest logit; logit bias -100 forbids a to
   assert.equal((await new TokenSampler(params({ temperature: 0 }), 4).sample(x)).token, 1);
   const banned = new TokenSampler(params({ temperature: 0, logitBias: new Map([[1, -Infinity]]) }), 4);
   assert.equal((await banned.sample(x)).token, 2);
+});
+
+Deno.test("sampler: a filter's refused draws are taken out and drawn again; the full mask only after 8 refusals", async () => {
+  // A pure-logic filter: allows the tokens of a set, counts its checks and masks.
+  const filterOf = (allowed: Set<number>) => {
+    const f = {
+      checks: 0,
+      masks: 0,
+      allows: (t: number) => (f.checks++, allowed.has(t)),
+      mask: (x: Float32Array) => {
+        f.masks++;
+        for (let t = 0; t < x.length; t++) if (!allowed.has(t)) x[t] = -Infinity;
+        return Promise.resolve();
+      },
+    };
+    return f;
+  };
+  const x = Float32Array.from({ length: 64 }, (_, i) => i); // token 63 is the best, then 62, ...
+  // Greedy: the best allowed token, found by taking refused ones out (no mask within 8 draws).
+  const near = filterOf(new Set([58, 3]));
+  const greedy = new TokenSampler(params({ temperature: 0 }), x.length);
+  assert.equal((await greedy.sample(x, near)).token, 58);
+  assert.deepEqual([near.checks, near.masks], [6, 0]);
+  assert.deepEqual(Array.from(x.slice(58)), [58, 59, 60, 61, 62, 63], "the logits are left unchanged");
+  // The best allowed token is past 8 draws: the mask, then the best of what it leaves.
+  const far = filterOf(new Set([3, 40]));
+  assert.equal((await greedy.sample(x, far)).token, 40);
+  assert.deepEqual([far.checks, far.masks], [FILTER_TRIES, 1]);
+  // Sampling: every draw is allowed, whatever the seed.
+  const some = new Set([5, 20, 61]);
+  for (let seed = 0; seed < 50; seed++) {
+    const s = new TokenSampler(params({ temperature: 2, seed }), x.length);
+    const { token } = await s.sample(x, filterOf(some));
+    assert.ok(some.has(token), `seed ${seed}: ${token}`);
+  }
 });
 
 Deno.test("sampler: top-k over logits that are all -Infinity still gives a token of the vocabulary", async () => {

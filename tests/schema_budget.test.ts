@@ -366,14 +366,16 @@ serverTest(
   async () => {
     // Every boolean matches both alternatives: the grammar enforces one at least, never exactly one.
     const overlapping = { oneOf: [{ type: "boolean" }, { enum: [true, false] }] };
-    const off = { chat_template_kwargs: { enable_thinking: false } };
+    const off = { chat_template_kwargs: { enable_thinking: false }, seed: 1 };
     const res = await post("/v1/chat/completions", { ...chatWith(overlapping), max_tokens: 16, ...off });
     assertApiError(res, 400, { code: "unsupported_schema", param: "response_format.json_schema.schema" });
     assert.match(res.body.error.message, /more than one of the oneOf alternatives at the top/);
     const tool = await post("/v1/chat/completions", {
       model: CHAT,
       messages: [{ role: "user", content: "x" }],
-      max_tokens: 40,
+      max_tokens: 400,
+      seed: 1,
+      parallel_tool_calls: false,
       chat_template_kwargs: { enable_thinking: false },
       tools: [{
         type: "function",

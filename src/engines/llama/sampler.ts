@@ -70,6 +70,12 @@ export interface TokenFilter {
   mask(logits: Float32Array): Promise<void>;
 }
 
+/**
+ * Draws a sampler makes before a filter's full mask: each costs a pass over the vocabulary (~0.1 ms
+ * at 151k, SIMD) and one cheap check.
+ */
+export const FILTER_TRIES = 8;
+
 /** Samples the tokens of one sequence. */
 export class TokenSampler {
   readonly #params: SamplingParams;
@@ -96,11 +102,14 @@ export class TokenSampler {
   }
 
   /**
-   * Picks the next token from `logits` (left unchanged). With a `filter`, a token drawn without
-   * it is kept when the filter allows it, else the filter's full mask is applied and the token is
-   * drawn again: the result has exactly the filtered distribution (rejection sampling with one
-   * try), and the expensive mask runs only when needed. `logprobs`: how many alternatives to
-   * report (undefined: none).
+   * Picks the next token from `logits` (left unchanged). With a `filter`, a drawn token is kept
+   * when the filter allows it, else it is taken out and a token drawn again, up to
+   * {@link FILTER_TRIES} times; then the filter's full mask is applied and the token drawn from what
+   * is left. Without top-k/top-p/min-p the result has exactly the filtered distribution (each draw
+   * is from the tokens not yet refused), greedy gives the best allowed token, and the expensive mask
+   * (15-25 ms over a 151k vocabulary with a JSON grammar, seconds with hundreds of open grammar
+   * alternatives) runs only when few allowed tokens are likely. `logprobs`: how many alternatives
+   * to report (undefined: none).
    */
   async sample(
     logits: Float32Array,
@@ -110,10 +119,17 @@ export class TokenSampler {
     const x = this.#adjusted(logits);
     let token = this.#pick(x);
     let masked = false;
-    if (filter && !filter.allows(token)) {
-      await filter.mask(x);
-      masked = true;
-      token = this.#pick(x);
+    if (filter) {
+      for (let tries = 1; !filter.allows(token); tries++) {
+        if (tries >= FILTER_TRIES) {
+          await filter.mask(x);
+          masked = true;
+          token = this.#pick(x);
+          break;
+        }
+        x[token] = -Infinity;
+        token = this.#pick(x);
+      }
     }
     if (logprobs === undefined) return { token };
     // Log-probabilities of the distribution the token was drawn from at temperature 1 (after bias,
