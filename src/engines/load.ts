@@ -20,6 +20,7 @@ import { OnnxEmbeddingEngine } from "./onnx/embedding.ts";
 import { openUpstreamEngine } from "./upstream/load.ts";
 import { VERSION_INFO } from "../version.ts";
 import type { ComputeShare } from "./compute_share.ts";
+import { releaseFreedMemory } from "./native_memory.ts";
 
 /**
  * Loads the engine for `spec`; server-wide settings (threads, gpu, ctx size, parallel) override
@@ -119,6 +120,8 @@ export async function loadEngine(
       compute,
     });
     report({ dims: engine.nativeDims, pooling: engine.pooling });
+    // What the load freed (the file's parsing, the graph reservations) goes back to the system.
+    await releaseFreedMemory();
     return engine;
   }
   const contextSize = config.ctxSize ?? spec.contextSize ?? 32768;
@@ -143,6 +146,7 @@ export async function loadEngine(
     thinking_default: spec.thinking ?? engine.thinking.defaultOn,
     batched_decode: engine.batching,
   });
+  await releaseFreedMemory();
   return engine;
 }
 

@@ -37,6 +37,7 @@ export interface ModelPlacement {
   noAlloc?: boolean;
 }
 import type { ComputeClient } from "../compute_share.ts";
+import { releaseFreedMemory } from "../native_memory.ts";
 import { decodeKind, DecodePace } from "./pace.ts";
 
 /** Characters of text tokenized on a thread of its own rather than on the event loop's. */
@@ -150,6 +151,8 @@ export class NativeModel {
     } finally {
       // (Freeing 151k tokens' vocabulary takes 37-44 ms: off the event loop.)
       await s.llama_model_free_async(ptr);
+      // And its ~45 MiB back to the system before the full load allocates its own (native_memory.ts).
+      await releaseFreedMemory();
     }
   }
 
