@@ -243,7 +243,8 @@ for (const t of TARGETS) {
 
   serverTest(`${t.label}: tool_choice required with parallel calls returns several valid calls`, async () => {
     let found: Json;
-    for (let seed = 1; seed <= 12 && !found; seed++) {
+    // About one seed in six makes several calls on the random stand-ins (24 seeds: 3-4 of them).
+    for (let seed = 1; seed <= 40 && !found; seed++) {
       const res = await create(base("Weather and time?", {
         tools: TOOLS,
         tool_choice: "required",
