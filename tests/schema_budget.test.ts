@@ -157,6 +157,27 @@ async function stallsOver50ms(): Promise<number> {
     read('vserve_event_loop_stall_seconds_bucket{le="0.05"}');
 }
 
+/** Asks /health again and again until stopped; each answer must be a 200. `stop` gives how many came. */
+function healthProber(): { stop(): Promise<number> } {
+  let healthy = 0;
+  let stopped = false;
+  const probing = (async () => {
+    while (!stopped) {
+      const res = await fetch(url("/health"));
+      await res.body?.cancel();
+      assert.equal(res.status, 200);
+      healthy++;
+    }
+  })();
+  return {
+    stop: async () => {
+      stopped = true;
+      await probing;
+      return healthy;
+    },
+  };
+}
+
 const chatWith = (schema: Schema) => ({
   model: CHAT,
   messages: [{ role: "user", content: "x" }],
@@ -218,19 +239,9 @@ serverTest(
       }],
     ];
     // /health is asked again and again while the requests are refused; each answer must come.
-    let healthy = 0;
-    let stop = false;
-    const prober = (async () => {
-      while (!stop) {
-        const res = await fetch(url("/health"));
-        await res.body?.cancel();
-        assert.equal(res.status, 200);
-        healthy++;
-      }
-    })();
+    const prober = healthProber();
     const results = await Promise.all(requests.map(([, path, body]) => post(path, body)));
-    stop = true;
-    await prober;
+    const healthy = await prober.stop();
     for (const [i, res] of results.entries()) {
       const [name, path] = requests[i];
       const param = path === "/v1/responses"
@@ -325,16 +336,7 @@ serverTest(
     assert.ok(Object.keys(bias).length >= 4, JSON.stringify(bias));
     assert.ok(Object.values(bias).includes(100), JSON.stringify(bias));
     const stallsBefore = await stallsOver50ms();
-    let healthy = 0;
-    let stop = false;
-    const prober = (async () => {
-      while (!stop) {
-        const res = await fetch(url("/health"));
-        await res.body?.cancel();
-        assert.equal(res.status, 200);
-        healthy++;
-      }
-    })();
+    const prober = healthProber();
     const request = (stream: boolean) =>
       post("/v1/chat/completions", {
         ...chatWith(oneOfChain),
@@ -345,8 +347,7 @@ serverTest(
         stream,
       });
     const [plain, streamed] = await Promise.all([request(false), request(true)]);
-    stop = true;
-    await prober;
+    const healthy = await prober.stop();
     assertApiError(plain, 400, { code: "schema_too_large", param: "response_format.json_schema.schema" });
     assert.match(plain.body.error.message, /too ambiguous to follow.*at most 1024/);
     // A stream that already began ends with the same error as its last event before [DONE].
