@@ -24,7 +24,7 @@ import type {
 import { EngineInputError, EngineUpstreamError } from "../engines/types.ts";
 import type { Logger } from "../log.ts";
 import { samplingOptions } from "./sampling.ts";
-import { checkAgainstSchema, checkSchemaLimits, warmSchemaCheck } from "./schema_check.ts";
+import { checkAgainstSchema, type CheckResult, checkSchemaLimits, warmSchemaCheck } from "./schema_check.ts";
 import { Budget } from "../grammar/mod.ts";
 import { Slicer } from "../event_loop.ts";
 import {
@@ -183,6 +183,13 @@ type OutputCheck = (
   finish: FinishReason,
 ) => Promise<Fault | undefined>;
 
+/** The fault of a failed check of the schema at `param` (undefined: passed); a 400 when it was cut off. */
+function failed(r: CheckResult, param: string): Fault | undefined {
+  if (r.ok) return undefined;
+  if (r.timedOut) throw uncheckable(r.reason, param);
+  return { text: r.reason, overlap: r.overlap === undefined ? undefined : { param, at: r.overlap } };
+}
+
 /**
  * The check of finished output against the schemas the request promises: the `json_schema`
  * response format, and the parameters of calls that must follow their schema (forced calls and
@@ -208,13 +215,8 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
       } catch {
         return { text: "the content is not JSON" };
       }
-      const r = await checkAgainstSchema(schema, value);
-      if (!r.ok && r.timedOut) throw uncheckable(r.reason, "response_format.json_schema.schema");
-      if (!r.ok) {
-        const param = "response_format.json_schema.schema";
-        const overlap = r.overlap === undefined ? undefined : { param, at: r.overlap };
-        return { text: `response_format: ${r.reason}`, overlap };
-      }
+      const fault = failed(await checkAgainstSchema(schema, value), "response_format.json_schema.schema");
+      if (fault) return { ...fault, text: `response_format: ${fault.text}` };
     }
     for (const call of message.tool_calls ?? []) {
       const params = toolSchemas.get(call.function.name);
@@ -225,15 +227,9 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
       } catch {
         return { text: `the arguments of ${call.function.name} are not JSON` };
       }
-      const r = await checkAgainstSchema(params, value);
-      if (!r.ok && r.timedOut) {
-        throw uncheckable(r.reason, `tools[${toolIndex(call.function.name)}].function.parameters`);
-      }
-      if (!r.ok) {
-        const param = `tools[${toolIndex(call.function.name)}].function.parameters`;
-        const overlap = r.overlap === undefined ? undefined : { param, at: r.overlap };
-        return { text: `${call.function.name}: ${r.reason}`, overlap };
-      }
+      const param = `tools[${toolIndex(call.function.name)}].function.parameters`;
+      const fault = failed(await checkAgainstSchema(params, value), param);
+      if (fault) return { ...fault, text: `${call.function.name}: ${fault.text}` };
     }
     return undefined;
   };

@@ -6,9 +6,8 @@
  */
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
 
-/** The outcome of one check. */
 /**
- * A check's result; `overlap`: where (a JSON pointer into the value) the value matched several of a
+ * The outcome of one check; `overlap`: where (a JSON pointer into the value) the value matched several of a
  * `oneOf`'s alternatives, which a grammar cannot rule out (it enforces at least one).
  */
 export type CheckResult = { ok: true } | { ok: false; reason: string; timedOut?: boolean; overlap?: string };

@@ -793,8 +793,8 @@ export class Scheduler {
    * the step has room: the one that would finish first had it run alone since it arrived. Prompts
    * that arrive together are finished one after the other, shortest first, instead of all together
    * at the end; a short request never waits for a long prompt; and a long prompt moves ahead of
-   * newer ones once it has waited as long as its own work takes. A prompt that others wait for to copy its prefix goes at
-   * the earliest of their keys. (One chunk per prompt and step, as before, served prompts of two
+   * newer ones once it has waited as long as its own work takes. A prompt that others wait for to
+   * copy its prefix goes at the earliest of their keys. (One chunk per prompt and step, as before, served prompts of two
    * chunks round robin: 8 agent turns of ~130 tokens cut at 1,536 all got their first token after
    * the last one's second chunk.)
    *
