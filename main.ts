@@ -289,6 +289,10 @@ function createMetrics(registry: Registry, share: ComputeShare, priority?: Compu
     engineCounter("tokens_generated", "Tokens sampled, all choices."),
     engineCounter("decodes", "Model evaluations (batches)."),
     engineCounter(
+      "draws_off_loop",
+      "Tokens drawn off the event loop (a grammar's full mask or many open alternatives) while other sequences decoded.",
+    ),
+    engineCounter(
       "decodes_on_thread",
       "Model evaluations run on the request thread (short ones, in bursts).",
     ),

@@ -180,3 +180,61 @@ Deno.test("a --compute-weight for no configured model, or not above 0, exits 2 n
     assert.match(stdout + stderr, reason);
   }
 });
+
+serverTest(
+  "a grammar's full masks do not hold another generation on the same model to their pace",
+  async () => {
+    // Neither request may end early: both ends of text banned.
+    const noEnd = { "151643": -100, "151645": -100 };
+    const off = { chat_template_kwargs: { enable_thinking: false } };
+    // Integers only: the random stand-in's draws are nearly all refused, so nearly every token of this
+    // request takes the grammar's full mask over the vocabulary (15-25 ms at 151,936 tokens; seconds
+    // with hundreds of open alternatives), many times a decode step of tiny-chat (2-4 ms).
+    const start = await scrape();
+    const masked = await SseReader.open(url("/v1/chat/completions"), {
+      model: CHAT,
+      messages: [{ role: "user", content: "Numbers, please." }],
+      max_tokens: 2000,
+      logit_bias: noEnd,
+      seed: 3,
+      stream: true,
+      response_format: {
+        type: "json_schema",
+        json_schema: { name: "n", schema: { type: "array", items: { type: "integer" }, minItems: 1000 } },
+      },
+      ...off,
+    }, { key: KEY });
+    try {
+      for (let events = 0; events < 5;) {
+        const e = await masked.next();
+        assert.ok(e, "the masked stream ended early");
+        if (e.data.startsWith("{")) events++;
+      }
+      const m0 = await scrape();
+      const plain = await postJson(url("/v1/chat/completions"), {
+        model: CHAT,
+        messages: [{ role: "user", content: "Anything." }],
+        max_tokens: 64,
+        logit_bias: noEnd,
+        seed: 4,
+        ...off,
+      }, KEY);
+      const m1 = await scrape();
+      assert.equal(plain.status, 200, JSON.stringify(plain.body));
+      assert.equal(plain.body.usage.completion_tokens, 64);
+      const generated = engineCounter(m1, "tokens_generated", CHAT) -
+        engineCounter(m0, "tokens_generated", CHAT);
+      // Waiting for each mask in the decode step gave the two requests a token each per step: the
+      // masked one had 63-64 of its own while the other made 64.
+      assert.ok(
+        generated - 64 < 32,
+        `the masked request made ${generated - 64} tokens beside the other's 64`,
+      );
+      const drawsOff = engineCounter(m1, "draws_off_loop", CHAT) -
+        engineCounter(start, "draws_off_loop", CHAT);
+      assert.ok(drawsOff > 0, "no token was drawn off the event loop");
+    } finally {
+      await masked.cancel();
+    }
+  },
+);

@@ -241,6 +241,7 @@ export class LlamaChatEngine implements ChatEngine {
       checkpoints_restored: s.checkpointsRestored,
       decode_seconds: s.decodeMs / 1000,
       sample_seconds: s.sampleMs / 1000,
+      draws_off_loop: s.drawsOffLoop,
       step_seconds: s.stepMs / 1000,
     };
   }

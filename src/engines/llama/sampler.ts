@@ -62,6 +62,12 @@ export interface TokenLogprob {
   top: { token: number; logprob: number }[];
 }
 
+/** A drawn token, with its log-probabilities when they were asked for. */
+export interface SampledToken {
+  token: number;
+  logprob?: TokenLogprob;
+}
+
 /** What restricts the next token (a grammar); applied lazily, see {@link TokenSampler.sample}. */
 export interface TokenFilter {
   /** Whether `token` may come next (cheap). */
@@ -115,17 +121,31 @@ export class TokenSampler {
     logits: Float32Array,
     filter?: TokenFilter,
     logprobs?: number,
-  ): Promise<{ token: number; logprob?: TokenLogprob }> {
+  ): Promise<SampledToken> {
+    return await this.sampleNow(logits, filter, logprobs);
+  }
+
+  /**
+   * {@link sample}, with its result at once unless the filter's full mask is needed: then a promise
+   * (the mask runs off the event loop). `logits` is read before this returns, so the caller may
+   * reuse it at once (the next decode may overwrite llama.cpp's buffer while the mask runs).
+   */
+  sampleNow(
+    logits: Float32Array,
+    filter?: TokenFilter,
+    logprobs?: number,
+  ): SampledToken | Promise<SampledToken> {
     const x = this.#adjusted(logits);
     let token = this.#pick(x);
-    let masked = false;
     if (filter) {
       for (let tries = 1; !filter.allows(token); tries++) {
         if (tries >= FILTER_TRIES) {
-          await filter.mask(x);
-          masked = true;
-          token = this.#pick(x);
-          break;
+          return filter.mask(x).then(() => {
+            const drawn = this.#pick(x);
+            return logprobs === undefined
+              ? { token: drawn }
+              : { token: drawn, logprob: logprobsOf(x, drawn, logprobs, this.#scratch) };
+          });
         }
         x[token] = -Infinity;
         token = this.#pick(x);
@@ -134,7 +154,9 @@ export class TokenSampler {
     if (logprobs === undefined) return { token };
     // Log-probabilities of the distribution the token was drawn from at temperature 1 (after bias,
     // penalties and, when it applied, the grammar), as OpenAI reports them.
-    if (filter && !masked) await filter.mask(x);
+    if (filter) {
+      return filter.mask(x).then(() => ({ token, logprob: logprobsOf(x, token, logprobs, this.#scratch) }));
+    }
     return { token, logprob: logprobsOf(x, token, logprobs, this.#scratch) };
   }
 

@@ -13,7 +13,7 @@
 import type { Batch, NativeContext, NativeModel } from "./native.ts";
 import { STATE_PARTIAL_ONLY } from "./ffi.ts";
 import { Slicer } from "../../event_loop.ts";
-import type { TokenLogprob, TokenSampler } from "./sampler.ts";
+import type { SampledToken, TokenLogprob, TokenSampler } from "./sampler.ts";
 import type { GrammarConstraint } from "./grammar.ts";
 import {
   type Checkpoint,
@@ -87,6 +87,8 @@ export interface SchedulerStats {
   decodeMs: number;
   /** Milliseconds sampling and handling generated tokens (JS, per token). */
   sampleMs: number;
+  /** Tokens drawn off the event loop while the other sequences decoded (a grammar's mask or accept). */
+  drawsOffLoop: number;
   /** Milliseconds in steps altogether (decode + sampling + batch building). */
   stepMs: number;
   /** Milliseconds saving and restoring sequence states for the prompt cache. */
@@ -112,6 +114,11 @@ interface ChoiceState {
   pending: number;
   generated: number;
   done: boolean;
+  /**
+   * Its token being drawn off the event loop (a grammar's mask or accept): it sits out decode steps
+   * until this settles, and the others go on (see {@link Scheduler.#sample}).
+   */
+  drawing?: Promise<void>;
 }
 
 interface Running {
@@ -237,6 +244,8 @@ export class Scheduler {
   readonly #sampleSlices = new Slicer(10);
   #looping = false;
   #wake: (() => void) | undefined;
+  /** Tokens being drawn off the event loop ({@link ChoiceState.drawing}), of running jobs or ended ones. */
+  #drawing = 0;
   #clock = 0;
   #admitted = 0;
   /** Counts prompt chunks: the order in which prompts were last served. */
@@ -259,6 +268,7 @@ export class Scheduler {
     busySequences: 0,
     decodeMs: 0,
     sampleMs: 0,
+    drawsOffLoop: 0,
     stepMs: 0,
     promptCacheMs: 0,
   };
@@ -337,20 +347,25 @@ export class Scheduler {
   async #run(): Promise<void> {
     this.#looping = true;
     try {
-      while (this.#waiting.length > 0 || this.#running.length > 0) {
+      while (this.#waiting.length > 0 || this.#running.length > 0 || this.#drawing > 0) {
         this.#dropCancelled();
         // (Only when there is something to admit: a step of a running generation allocates nothing here.)
         if (this.#waiting.length > 0 || this.#running.some((r) => r.follows?.leader.failed)) {
           await this.#admit();
         }
         if (this.#running.length === 0) {
-          if (this.#waiting.length === 0) break;
-          // Waiting jobs need more free sequences than there are: wait for a change.
+          if (this.#waiting.length === 0 && this.#drawing === 0) break;
+          // Waiting jobs need more free sequences than there are, or tokens are being drawn (their
+          // grammar still reads llama.cpp's vocabulary): wait for a change.
           await new Promise<void>((r) => (this.#wake = r));
           this.#wake = undefined;
           continue;
         }
-        await this.#step();
+        // Nothing to compute while the only generating choices draw their tokens: wait for one.
+        if (!await this.#step() && this.#drawing > 0) {
+          await new Promise<void>((r) => (this.#wake = r));
+          this.#wake = undefined;
+        }
       }
     } finally {
       // In the same turn as the loop's last check (no await between them): a job submitted after
@@ -712,26 +727,30 @@ export class Scheduler {
     slot.checkpoints = [];
   }
 
-  /** One batch: decode tokens of generating choices, then prompt chunks while there is room. */
-  async #step() {
+  /**
+   * One batch: decode tokens of generating choices, then prompt chunks while there is room. False
+   * when there was nothing to compute.
+   */
+  async #step(): Promise<boolean> {
     const started = performance.now();
     try {
-      await this.#stepInner();
+      return await this.#stepInner();
     } finally {
       this.stats.stepMs += performance.now() - started;
     }
   }
 
-  async #stepInner() {
-    await this.#decodeStep();
+  async #stepInner(): Promise<boolean> {
+    let worked = await this.#decodeStep();
     // Before the prompt chunks (seconds on a CPU): a request whose last token came settles now,
     // and its sequence is free for the next one (an agent's next turn waited for the chunks).
     // Every step of every generation runs this: nothing is allocated unless there is work.
     this.#finishDone();
     if (this.#waiting.length > 0 || this.#running.some((r) => r.fed < r.job.prompt.length)) {
-      await this.#prefillStep();
+      if (await this.#prefillStep()) worked = true;
     }
     this.#finishDone();
+    return worked;
   }
 
   #finishDone() {
@@ -746,14 +765,14 @@ export class Scheduler {
     return this.#running.some((r) => r.fed >= r.job.prompt.length && r.choices.some((c) => !c.done));
   }
 
-  /** The next token of every generating choice, in one decode. */
-  async #decodeStep() {
+  /** The next token of every generating choice, in one decode; false when there was none. */
+  async #decodeStep(): Promise<boolean> {
     const decodes: { choice: ChoiceState; running: Running; out: number }[] = [];
     for (const r of this.#running) {
       if (r.fed < r.job.prompt.length) continue;
-      for (const c of r.choices) if (!c.done) decodes.push({ choice: c, running: r, out: -1 });
+      for (const c of r.choices) if (!c.done && !c.drawing) decodes.push({ choice: c, running: r, out: -1 });
     }
-    if (decodes.length === 0) return;
+    if (decodes.length === 0) return false;
     const stepStart = performance.now();
     // In sequence order: with a KV stream per sequence (and for recurrent state), llama.cpp puts only
     // runs of consecutive sequence ids into one micro-batch, so any other order costs a model pass per
@@ -780,11 +799,12 @@ export class Scheduler {
       for (const d of group) {
         if (slices.due) await slices.pause();
         d.choice.slot.tokens.push(d.choice.pending);
-        if (!d.running.failed) await this.#sample(d.running, d.choice, d.out);
+        if (!d.running.failed) this.#sample(d.running, d.choice, d.out);
       }
       this.stats.sampleMs += performance.now() - sampleStart;
     }
     this.#lastDecodeStepMs = performance.now() - stepStart;
+    return true;
   }
 
   /**
@@ -806,7 +826,7 @@ export class Scheduler {
    * the same length on neighbouring sequences (one micro-batch, each sequence cut as when alone:
    * a burst of same-length prompts takes one pass over the weights instead of one each).
    */
-  async #prefillStep() {
+  async #prefillStep(): Promise<boolean> {
     const chunk = this.#opts.chunk;
     const most = Math.max(chunk, STEP_PROMPT_TOKENS);
     const ratio = this.#opts.promptWorkPerDecode ?? PROMPT_WORK_PER_DECODE;
@@ -839,6 +859,7 @@ export class Scheduler {
       taken += length * group.length;
       await this.#prefill(group);
     }
+    return taken > 0;
   }
 
   /** The next chunk of every prompt being computed, in the order prompts are served. */
@@ -1022,35 +1043,69 @@ export class Scheduler {
       const slices = new Slicer(10);
       for (const c of r.choices) {
         if (slices.due) await slices.pause();
-        await this.#sample(r, c, out);
+        this.#sample(r, c, out);
       }
     }
   }
 
-  async #sample(r: Running, c: ChoiceState, out: number) {
+  /**
+   * Draws the next token of `c` from the logits of batch row `out` and hands it on. On the event
+   * loop when it can be; a draw that needs a grammar's full mask, or a grammar's accept with many
+   * open alternatives, goes on off the loop ({@link ChoiceState.drawing}) while the other sequences
+   * decode: with hundreds of alternatives a mask takes 0.15-5 s a token, which held every request on
+   * the model to its pace when the step waited for it. The logits are read before this returns (the
+   * sampler's own copy), so the next decode may overwrite them.
+   */
+  #sample(r: Running, c: ChoiceState, out: number): void {
     if (r.failed || c.done) return;
     try {
-      const logits = this.#ctx.logits(out);
-      const { token, logprob } = await c.spec.sampler.sample(
-        logits,
+      const drawn = c.spec.sampler.sampleNow(
+        this.#ctx.logits(out),
         c.spec.grammar ?? undefined,
         r.job.logprobs,
       );
-      if (this.#model.isEog(token)) return this.#end(r, c, "eog");
-      // Off the event loop (a promise) when the grammar has many open alternatives (grammar.ts).
-      const accepted = c.spec.grammar?.accept(token);
-      if (accepted) await accepted;
-      c.spec.sampler.accept(token);
-      c.generated++;
-      this.stats.tokensGenerated++;
-      if (!r.job.onToken(c.index, token, logprob)) return this.#end(r, c, "stop");
-      if (c.generated >= r.job.maxTokens || c.slot.tokens.length + 1 >= this.#ctx.nCtxSeq) {
-        return this.#end(r, c, "length");
-      }
-      c.pending = token;
+      if (drawn instanceof Promise) this.#offLoop(c, drawn.then((d) => this.#use(r, c, d)), r);
+      else this.#use(r, c, drawn);
     } catch (e) {
       this.#finish(r, e);
     }
+  }
+
+  /** Takes a drawn token: the end of the choice, or the grammar's step and the job's token. */
+  #use(r: Running, c: ChoiceState, { token, logprob }: SampledToken): void | Promise<void> {
+    if (r.failed || c.done) return;
+    if (this.#model.isEog(token)) return this.#end(r, c, "eog");
+    // Off the event loop (a promise) when the grammar has many open alternatives (grammar.ts).
+    const accepted = c.spec.grammar?.accept(token);
+    if (accepted) {
+      if (c.drawing) return accepted.then(() => this.#took(r, c, token, logprob));
+      this.#offLoop(c, accepted.then(() => this.#took(r, c, token, logprob)), r);
+      return;
+    }
+    this.#took(r, c, token, logprob);
+  }
+
+  #took(r: Running, c: ChoiceState, token: number, logprob: TokenLogprob | undefined) {
+    if (r.failed || c.done) return;
+    c.spec.sampler.accept(token);
+    c.generated++;
+    this.stats.tokensGenerated++;
+    if (!r.job.onToken(c.index, token, logprob)) return this.#end(r, c, "stop");
+    if (c.generated >= r.job.maxTokens || c.slot.tokens.length + 1 >= this.#ctx.nCtxSeq) {
+      return this.#end(r, c, "length");
+    }
+    c.pending = token;
+  }
+
+  /** `c` sits out decode steps until `work` settles; an error ends its job. */
+  #offLoop(c: ChoiceState, work: Promise<void>, r: Running) {
+    this.#drawing++;
+    this.stats.drawsOffLoop++;
+    c.drawing = work.catch((e) => this.#finish(r, e)).finally(() => {
+      c.drawing = undefined;
+      this.#drawing--;
+      this.#wake?.();
+    });
   }
 
   #end(r: Running, c: ChoiceState, cause: FinishCause) {
@@ -1070,8 +1125,11 @@ export class Scheduler {
     const i = this.#running.indexOf(r);
     if (i >= 0) this.#running.splice(i, 1);
     this.#releaseSlots(r);
-    if (error !== undefined) r.reject(error);
-    else r.resolve();
+    const settle = () => error !== undefined ? r.reject(error) : r.resolve();
+    // Its grammars stay allocated until no token of theirs is being drawn (the job's owner frees them).
+    const drawing = r.choices.flatMap((c) => c.drawing ? [c.drawing] : []);
+    if (drawing.length === 0) settle();
+    else void Promise.allSettled(drawing).then(settle);
   }
 
   #releaseSlots(r: Running) {
