@@ -236,5 +236,12 @@ serverTest(
     } finally {
       await masked.cancel();
     }
+    // The masked request left while a token of it was being drawn: the server goes on.
+    const after = await postJson(url("/v1/chat/completions"), {
+      model: CHAT,
+      messages: [{ role: "user", content: "Still there?" }],
+      max_tokens: 4,
+    }, KEY);
+    assert.equal(after.status, 200, JSON.stringify(after.body));
   },
 );

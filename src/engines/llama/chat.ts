@@ -31,6 +31,9 @@ import { PromptLogprobs } from "../prompt_logprobs.ts";
 import type { ComputeClient } from "../compute_share.ts";
 import { loopTurn } from "../../event_loop.ts";
 
+/** Longest wait of {@link LlamaChatEngine.dispose} for the generation loop to stop. */
+const DISPOSE_WAIT_MS = 5_000;
+
 /** How to load a GGUF chat model. */
 export interface LlamaChatOptions {
   modelPath: string;
@@ -411,12 +414,14 @@ export class LlamaChatEngine implements ChatEngine {
     return this.#model.piece(token);
   }
 
-  dispose(): Promise<void> {
+  async dispose(): Promise<void> {
     this.#template.dispose();
+    // A decode or a grammar's step may still be running on another thread (requests are aborted
+    // first; they end at the loop's next look): freeing under it would crash the process.
+    await this.#scheduler.stopped(DISPOSE_WAIT_MS);
     this.#batch.free();
     this.#ctx.free();
     this.#model.free();
-    return Promise.resolve();
   }
 }
 

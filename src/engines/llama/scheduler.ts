@@ -243,7 +243,11 @@ export class Scheduler {
   /** Sampling a step's sequences in 10 ms slices (one slicer for every step: no allocation a token). */
   readonly #sampleSlices = new Slicer(10);
   #looping = false;
+  /** The loop while it runs. */
+  #loop: Promise<void> = Promise.resolve();
   #wake: (() => void) | undefined;
+  /** Something changed since the loop last looked ({@link #signal}): its next wait returns at once. */
+  #signalled = false;
   /** Tokens being drawn off the event loop ({@link ChoiceState.drawing}), of running jobs or ended ones. */
   #drawing = 0;
   #clock = 0;
@@ -333,21 +337,49 @@ export class Scheduler {
           this.#waiting.splice(i, 1);
           reject(job.signal.reason);
         }
-        this.#wake?.();
+        this.#signal();
       }, { once: true });
       this.#kick();
     });
   }
 
   #kick() {
+    this.#signal();
+    if (!this.#looping) this.#loop = this.#run();
+  }
+
+  /**
+   * Resolves once the loop has stopped (no decode, no grammar step in flight: the context and the
+   * model may be freed), or after `boundMs` (a job that is neither cancelled nor done keeps it going).
+   */
+  async stopped(boundMs: number): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    await Promise.race([this.#loop, new Promise((r) => timer = setTimeout(r, boundMs))]);
+    clearTimeout(timer);
+  }
+
+  /**
+   * Tells the loop that something changed (a job came or left, sequences were freed, a token was
+   * drawn): a wait under way ends, and one the loop is about to begin does not start. Draws settle
+   * and detached jobs finish between the loop's look and its wait, several awaits apart.
+   */
+  #signal() {
+    this.#signalled = true;
     this.#wake?.();
-    if (!this.#looping) void this.#run();
+  }
+
+  /** Waits for a {@link #signal} since the loop's last look. */
+  async #sleep() {
+    if (this.#signalled) return;
+    await new Promise<void>((r) => (this.#wake = r));
+    this.#wake = undefined;
   }
 
   async #run(): Promise<void> {
     this.#looping = true;
     try {
       while (this.#waiting.length > 0 || this.#running.length > 0 || this.#drawing > 0) {
+        this.#signalled = false;
         this.#dropCancelled();
         // (Only when there is something to admit: a step of a running generation allocates nothing here.)
         if (this.#waiting.length > 0 || this.#running.some((r) => r.follows?.leader.failed)) {
@@ -355,17 +387,14 @@ export class Scheduler {
         }
         if (this.#running.length === 0) {
           if (this.#waiting.length === 0 && this.#drawing === 0) break;
-          // Waiting jobs need more free sequences than there are, or tokens are being drawn (their
-          // grammar still reads llama.cpp's vocabulary): wait for a change.
-          await new Promise<void>((r) => (this.#wake = r));
-          this.#wake = undefined;
+          // Waiting jobs need more free sequences than there are, or tokens of ended jobs are still
+          // being drawn (the loop, and the context's busy state, last until their grammar steps
+          // are over): wait for a change.
+          await this.#sleep();
           continue;
         }
         // Nothing to compute while the only generating choices draw their tokens: wait for one.
-        if (!await this.#step() && this.#drawing > 0) {
-          await new Promise<void>((r) => (this.#wake = r));
-          this.#wake = undefined;
-        }
+        if (!await this.#step() && this.#drawing > 0) await this.#sleep();
       }
     } finally {
       // In the same turn as the loop's last check (no await between them): a job submitted after
@@ -1030,6 +1059,7 @@ export class Scheduler {
       pending: -1,
       generated: 0,
       done: false,
+      drawing: undefined,
     }));
     try {
       r.job.onPrompt({ promptTokens: r.job.prompt.length, cachedTokens: r.cached });
@@ -1065,23 +1095,25 @@ export class Scheduler {
         r.job.logprobs,
       );
       if (drawn instanceof Promise) this.#offLoop(c, drawn.then((d) => this.#use(r, c, d)), r);
-      else this.#use(r, c, drawn);
+      else {
+        const accepting = this.#use(r, c, drawn);
+        if (accepting) this.#offLoop(c, accepting, r);
+      }
     } catch (e) {
       this.#finish(r, e);
     }
   }
 
-  /** Takes a drawn token: the end of the choice, or the grammar's step and the job's token. */
+  /**
+   * Takes a drawn token: the end of the choice, or the grammar's step and the job's token; a promise
+   * when the grammar's step runs off the event loop.
+   */
   #use(r: Running, c: ChoiceState, { token, logprob }: SampledToken): void | Promise<void> {
     if (r.failed || c.done) return;
     if (this.#model.isEog(token)) return this.#end(r, c, "eog");
     // Off the event loop (a promise) when the grammar has many open alternatives (grammar.ts).
     const accepted = c.spec.grammar?.accept(token);
-    if (accepted) {
-      if (c.drawing) return accepted.then(() => this.#took(r, c, token, logprob));
-      this.#offLoop(c, accepted.then(() => this.#took(r, c, token, logprob)), r);
-      return;
-    }
+    if (accepted) return accepted.then(() => this.#took(r, c, token, logprob));
     this.#took(r, c, token, logprob);
   }
 
@@ -1104,7 +1136,7 @@ export class Scheduler {
     c.drawing = work.catch((e) => this.#finish(r, e)).finally(() => {
       c.drawing = undefined;
       this.#drawing--;
-      this.#wake?.();
+      this.#signal();
     });
   }
 
@@ -1137,7 +1169,7 @@ export class Scheduler {
       if (s.busy) this.stats.busySequences--;
       s.busy = false;
     }
-    this.#wake?.();
+    this.#signal();
   }
 }
 
