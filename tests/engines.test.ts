@@ -18,6 +18,7 @@ import { OnnxEmbeddingEngine } from "../src/engines/onnx/embedding.ts";
 import { qwen3TokenizerJsonPath } from "../src/models/qwen3_vocab.ts";
 import { Tokenizer } from "@huggingface/tokenizers";
 import { Scheduler } from "../src/engines/llama/scheduler.ts";
+import type { GrammarConstraint } from "../src/engines/llama/grammar.ts";
 import { TokenSampler } from "../src/engines/llama/sampler.ts";
 import { settles } from "./helpers/poll.ts";
 
@@ -629,6 +630,73 @@ for (const name of ["tiny-chat", "tiny-moe"]) {
     },
   });
 }
+
+Deno.test({
+  name:
+    "scheduler: a token waiting for its grammar's mask holds only its own choice; the job settles after the mask",
+  fn: async () => {
+    const { model, scheduler, free, greedy } = await schedulerSetup("tiny-chat");
+    try {
+      const order: string[] = [];
+      let release!: (why: string) => void;
+      const gate = new Promise<string>((r) => release = r);
+      let masks = 0;
+      // Refuses every draw, so each token takes the full mask: one that waits for the test.
+      const grammar = {
+        allows: () => false,
+        mask: async () => {
+          masks++;
+          order.push(`mask released (${await gate})`);
+        },
+        accept: () => {},
+      } as unknown as GrammarConstraint;
+      const job = (prompt: number[], g: GrammarConstraint | null, maxTokens: number, signal: AbortSignal) =>
+        scheduler.run({
+          prompt,
+          choices: [{ sampler: new TokenSampler(greedy, model.nVocab), grammar: g }],
+          maxTokens,
+          reusePrefix: false,
+          signal,
+          onPrompt: () => {},
+          onToken: () => true,
+          onEnd: () => {},
+        });
+      const stop = new AbortController();
+      const masked = job(wordPrompt(model, 1, 8), grammar, 4, stop.signal).then(
+        () => order.push("masked settled"),
+        (e) => order.push(`masked settled: ${(e as Error).name}`),
+      );
+      // Without the mask's own pace: the plain job's tokens come while the mask waits. (Had the steps
+      // waited for it, the plain job could not end: the gate also opens after 2,000 timer turns.)
+      let fallback = true;
+      void (async () => {
+        for (let i = 0; i < 2000 && fallback; i++) await new Promise((r) => setTimeout(r, 0));
+        if (fallback) release("fallback");
+      })();
+      const before = scheduler.stats.tokensGenerated;
+      await job(wordPrompt(model, 2, 8), null, 16, new AbortController().signal);
+      fallback = false;
+      order.push("plain done");
+      assert.ok(scheduler.stats.tokensGenerated - before >= 1, "the plain job generated");
+      assert.equal(masks, 1, "the masked choice is still at its first token");
+      // Cancelled mid-mask: its sequence is freed at once, but the job settles only after the mask
+      // (the owner frees the grammar once it has settled).
+      stop.abort();
+      while (scheduler.stats.busySequences > 0) await new Promise((r) => setTimeout(r, 0));
+      order.push("sequences free");
+      release("by the test");
+      await masked;
+      assert.deepEqual(order, [
+        "plain done",
+        "sequences free",
+        "mask released (by the test)",
+        "masked settled: AbortError",
+      ]);
+    } finally {
+      free();
+    }
+  },
+});
 
 Deno.test({
   name: "scheduler: prompt log-probabilities give the event loop turns within a chunk",
