@@ -6,6 +6,7 @@
  * or takes it from `DENORT_BIN` (a local path), or finds it pre-seeded in the Deno cache.
  */
 import { parseArgs } from "node:util";
+import { V8_FLAGS_ARG } from "../src/v8_flags.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
@@ -37,6 +38,7 @@ const args = [
   "--self-extracting",
   "--unstable-net",
   "--unstable-no-legacy-abort",
+  V8_FLAGS_ARG,
   "--target",
   values.target!,
   "--output",

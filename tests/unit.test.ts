@@ -5,6 +5,7 @@ import { EventLoopMonitor, Slicer, threadClock } from "../src/event_loop.ts";
 import { ManualClock } from "./helpers/clock.ts";
 import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/vectors.ts";
 import { Counter } from "../src/metrics.ts";
+import { V8_FLAGS_ARG } from "../src/v8_flags.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
 import { ApiError, formatPath, jsonBody, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
 import { jsonPieces } from "../src/http/json_writer.ts";
@@ -490,4 +491,9 @@ Deno.test("sseStream: a large event is written in slices, whole, with no ping in
   ]);
   assert.ok(reads > 3, `${reads} reads`);
   assert.ok(ticks > 0, "timers ran while the event was written");
+});
+
+Deno.test("deno task start runs the server with the V8 flags of the compiled binary and the tests' servers", async () => {
+  const config = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));
+  assert.ok(config.tasks.start.split(/\s+/).includes(V8_FLAGS_ARG), config.tasks.start);
 });

@@ -4,6 +4,8 @@
 // deno-lint-ignore no-explicit-any
 export type Json = any;
 
+import { V8_FLAGS_ARG } from "../../src/v8_flags.ts";
+
 const ROOT = new URL("../../", import.meta.url);
 
 /** A running server process. */
@@ -54,7 +56,19 @@ export async function startServer(
       Deno.execPath(),
       // One thread per engine: test files run in parallel, and llama.cpp's spinning thread pools
       // slow down many times over when more threads than cores compete (a later --threads wins).
-      ...["run", "--allow-all", "main.ts", "--port", "0", "--log-format", "json", "--threads", "1", ...args],
+      ...[
+        "run",
+        "--allow-all",
+        V8_FLAGS_ARG,
+        "main.ts",
+        "--port",
+        "0",
+        "--log-format",
+        "json",
+        "--threads",
+        "1",
+        ...args,
+      ],
     ],
     cwd: ROOT,
     env: { NO_COLOR: "1", ...opts.env },
@@ -191,7 +205,7 @@ export async function writeJsonFile(value: unknown): Promise<string> {
 /** Runs `main.ts` with `args` to completion (for start-up failures); returns code and output. */
 export async function runMain(args: string[], env: Record<string, string> = {}) {
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "--allow-all", "main.ts", ...args],
+    args: ["run", "--allow-all", V8_FLAGS_ARG, "main.ts", ...args],
     cwd: ROOT,
     env: { NO_COLOR: "1", ...env },
     stdin: "null",
