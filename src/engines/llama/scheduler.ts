@@ -393,8 +393,13 @@ export class Scheduler {
           await this.#sleep();
           continue;
         }
-        // Nothing to compute while the only generating choices draw their tokens: wait for one.
-        if (!await this.#step() && this.#drawing > 0) await this.#sleep();
+        // Nothing to compute while the only generating choices draw their tokens: wait for one, with
+        // the compute threads asleep (not spinning beside the grammar's thread) and the compute
+        // share free for other models.
+        if (!await this.#step() && this.#drawing > 0) {
+          this.#ctx.idle();
+          await this.#sleep();
+        }
       }
     } finally {
       // In the same turn as the loop's last check (no await between them): a job submitted after
