@@ -338,7 +338,7 @@ export async function toJob(
     logprobs: req.logprobs ? req.top_logprobs ?? 0 : undefined,
     cachePrompt: req.cache_prompt ?? undefined,
   };
-  // The conversion of a long history (10,000 calls: 5-15 ms) and the steps before it are one block.
+  // A long history's conversion (10,000 calls: 5-15 ms) is not one block with the steps after it.
   await turnIfHeld(5, signal);
   return job;
 }
