@@ -236,7 +236,14 @@ export function loopTurnsEnabled(): boolean {
  */
 export function loopTurn(): Promise<void> {
   const pair = turnPair;
-  if (!pair) return new Promise((resolve) => setTimeout(resolve, 0));
+  if (!pair) {
+    return new Promise((resolve) =>
+      setTimeout(() => {
+        turnSeenAt = performance.now();
+        resolve();
+      }, 0)
+    );
+  }
   // Concurrent callers (two requests' slices, a decode) each get a turn of their own, in order: what
   // one runs after its turn is followed by a poll of the sockets before the next one's.
   return lastTurn = lastTurn.then(() => socketTurn(pair));
@@ -248,11 +255,111 @@ async function socketTurn(pair: NonNullable<typeof turnPair>): Promise<void> {
     const read = pair.b.read(pair.sink);
     await pair.a.write(pair.byte);
     if (await read === null) throw new Error("the loopback pair closed");
+    turnSeenAt = performance.now();
   } catch {
     // Gone (the process is closing its resources): timers from now on.
     if (turnPair === pair) turnPair = undefined;
     await new Promise((resolve) => setTimeout(resolve, 0));
   }
+}
+
+/** When the event loop was last seen to turn: a {@link loopTurn} ended, or the sentinel timer ran. */
+let turnSeenAt = -Infinity;
+/** When the sentinel timer was set (undefined: none is waiting), and whether it was asked for since. */
+let sentinelSetAt: number | undefined;
+let sentinelWanted = false;
+
+/** A zero-delay timer that notes when the loop ran timers; set again while {@link heldMs} is asked. */
+function setSentinel(now: number): void {
+  sentinelSetAt = now;
+  sentinelWanted = false;
+  const timer = setTimeout(() => {
+    turnSeenAt = performance.now();
+    if (sentinelWanted) setSentinel(turnSeenAt);
+    else sentinelSetAt = undefined;
+  }, 0);
+  Deno.unrefTimer(timer);
+}
+
+/**
+ * How long the event loop has been held, in milliseconds, as far as this can tell: the time since
+ * it was last seen to turn while a sentinel timer was waiting (one runs at each turn from the first
+ * call on, while calls keep coming). With none waiting (the first call after an idle spell) it is 0:
+ * nothing is known of what ran before, and a turn taken for nothing would cost every small request.
+ *
+ * @example
+ * ```ts
+ * heldMs(); // 0: the watch starts
+ * const end = performance.now() + 6;
+ * while (performance.now() < end) {
+ *   // six milliseconds of synchronous work
+ * }
+ * heldMs(); // >= 6
+ * ```
+ */
+export function heldMs(): number {
+  const now = performance.now();
+  if (sentinelSetAt === undefined) {
+    setSentinel(now);
+    return 0;
+  }
+  sentinelWanted = true;
+  return now - Math.max(turnSeenAt, sentinelSetAt);
+}
+
+/**
+ * A turn of the event loop ({@link loopTurn}) if it has been held `ms` or more ({@link heldMs}), so
+ * that the steps of one request (a body parsed in slices, its validation, the conversion of its
+ * messages, the render of its prompt) do not add up to one block: each step's own slices start
+ * afresh, and 10,000 history calls' steps held the loop 40-55 ms between two of its turns. Throws
+ * the signal's reason if it aborted meanwhile.
+ *
+ * @example
+ * ```ts
+ * async function steps(parse: () => unknown, validate: (v: unknown) => unknown) {
+ *   const value = await parse();
+ *   await turnIfHeld(5); // the parse's last slice and the validation are not one block
+ *   return validate(value);
+ * }
+ * ```
+ */
+export async function turnIfHeld(ms = 5, signal?: AbortSignal): Promise<void> {
+  if (heldMs() < ms) return;
+  await loopTurn();
+  signal?.throwIfAborted();
+}
+
+/** Helper threads of ours at work now (see {@link helperWork}). */
+let helpersAtWork = 0;
+
+/**
+ * Notes that a helper thread of ours (a worker loading, checking or rendering) is at work until the
+ * returned function is called (once; later calls do nothing). While one is, {@link helpersBusy}:
+ * native compute that would run on the event loop's thread runs off it instead, as it may not get
+ * all its cores (ggml's threads wait for each other at every step, spinning): a one-token decode
+ * on the event loop took 0.8-2.8 s of its CPU while the output check's worker started (2 cores).
+ *
+ * @example
+ * ```ts
+ * const done = helperWork();
+ * helpersBusy(); // true
+ * done();
+ * helpersBusy(); // false (unless another is at work)
+ * ```
+ */
+export function helperWork(): () => void {
+  helpersAtWork++;
+  let ended = false;
+  return () => {
+    if (ended) return;
+    ended = true;
+    helpersAtWork--;
+  };
+}
+
+/** Whether a helper thread of ours is at work ({@link helperWork}). */
+export function helpersBusy(): boolean {
+  return helpersAtWork > 0;
 }
 
 /**

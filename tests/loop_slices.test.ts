@@ -7,11 +7,13 @@ import assert from "node:assert/strict";
 import { ChatTemplate } from "../src/engines/llama/template.ts";
 import { packPrompt, unpackPrompt } from "../src/engines/llama/template_render.ts";
 import { idLists } from "../src/engines/onnx/embedding.ts";
-import { Slicer } from "../src/event_loop.ts";
+import { heldMs, helpersBusy, Slicer, turnIfHeld } from "../src/event_loop.ts";
 import { type ApiError, slicedJsonResponse } from "../src/http/errors.ts";
 import { detokenize } from "../src/services/tokens.ts";
 import { toChatRequest } from "../src/services/messages.ts";
-import { checkSchemaLimits } from "../src/services/schema_check.ts";
+import { checkSchemaLimits, SchemaChecker } from "../src/services/schema_check.ts";
+import { parseHistoryArguments } from "../src/services/chat.ts";
+import type { ChatMessage } from "../src/protocol/chat.ts";
 import { ReasoningSealer } from "../src/services/reasoning_seal.ts";
 import { MessagesRequestSchema } from "../src/protocol/anthropic.ts";
 import type { ChatEngine } from "../src/engines/types.ts";
@@ -259,4 +261,62 @@ Deno.test("a markup-dense render comes back from the worker packed, its pieces u
   } finally {
     template.dispose();
   }
+});
+
+/** Synchronous work for `ms` milliseconds. */
+function busy(ms: number) {
+  const end = performance.now() + ms;
+  while (performance.now() < end) {
+    // the event loop is held
+  }
+}
+
+Deno.test("a request's steps leave a turn between them once they held the loop 5 ms, and none before", async () => {
+  heldMs(); // the watch starts
+  await new Promise((resolve) => setTimeout(resolve, 5)); // a turn of the loop, seen by the watch
+  let fired = false;
+  const timer = setTimeout(() => (fired = true), 0);
+  await turnIfHeld(5);
+  assert.equal(fired, false, "no turn right after one");
+  busy(6);
+  assert.ok(heldMs() >= 6, `held ${heldMs()} ms`);
+  await turnIfHeld(5);
+  clearTimeout(timer);
+  assert.ok(fired, "a timer set before ran after 6 ms of steps");
+});
+
+Deno.test("50,000 history calls' arguments are parsed with turns between them", async () => {
+  const messages = [
+    { role: "user", content: "hi" },
+    {
+      role: "assistant",
+      content: null,
+      tool_calls: Array.from({ length: 50_000 }, (_, i) => ({
+        id: `c${i}`,
+        type: "function",
+        function: { name: "f", arguments: `{"q":${i}}` },
+      })),
+    },
+  ] as ChatMessage[];
+  let fired = false;
+  const timer = setTimeout(() => (fired = true), 0);
+  // Each call's text is short, so its own parse never looks at the clock: on the old code one block.
+  await parseHistoryArguments(messages);
+  clearTimeout(timer);
+  assert.ok(fired, "a timer set before ran while the calls were parsed");
+});
+
+Deno.test("the output check's worker is helper work while it loads and checks, so decodes leave the loop", async () => {
+  const checker = new SchemaChecker();
+  try {
+    assert.equal(helpersBusy(), false);
+    const check = checker.check({ type: "object", required: ["a"] }, { b: 1 });
+    assert.equal(helpersBusy(), true, "loading");
+    const result = await check;
+    assert.equal(result.ok, false);
+    assert.equal(helpersBusy(), false, "done");
+  } finally {
+    checker.close();
+  }
+  assert.equal(helpersBusy(), false);
 });

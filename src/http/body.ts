@@ -1,6 +1,6 @@
 /** Reads a request body as JSON within a byte limit, with OpenAI-style errors for each fault. */
 import { abortedError, ApiError, badRequest } from "./errors.ts";
-import { Slicer } from "../event_loop.ts";
+import { heldMs, Slicer } from "../event_loop.ts";
 import { JsonBodyError, parseJsonInSlices } from "./json_slices.ts";
 
 /**
@@ -32,6 +32,8 @@ export async function readJsonBody(req: Request, limitBytes: number, timeoutMs =
     );
   }
   const encoding = contentEncoding(req.headers.get("content-encoding"));
+  // Starts the watch of the loop's turns, so that the steps after the parse know how long they held it.
+  heldMs();
   const declared = Number(req.headers.get("content-length") ?? NaN);
   if (declared > limitBytes) throw tooLarge(limitBytes);
   // A declared length within the limit (HTTP framing holds the body to it) and no decompression: read

@@ -26,7 +26,7 @@ import type { Logger } from "../log.ts";
 import { samplingOptions } from "./sampling.ts";
 import { checkAgainstSchema, type CheckResult, checkSchemaLimits, warmSchemaCheck } from "./schema_check.ts";
 import { Budget } from "../grammar/mod.ts";
-import { Slicer } from "../event_loop.ts";
+import { Slicer, turnIfHeld } from "../event_loop.ts";
 import {
   JsonBodyError,
   MAX_JSON_CONTAINERS,
@@ -324,7 +324,7 @@ export async function toJob(
     throw badRequest("top_logprobs needs logprobs: true.", "top_logprobs", "invalid_value");
   }
   const stop = req.stop == null ? [] : typeof req.stop === "string" ? [req.stop] : req.stop;
-  return {
+  const job: ChatJob = {
     messages: toEngineMessages(req.messages),
     tools,
     toolChoice,
@@ -338,6 +338,9 @@ export async function toJob(
     logprobs: req.logprobs ? req.top_logprobs ?? 0 : undefined,
     cachePrompt: req.cache_prompt ?? undefined,
   };
+  // A long history's conversion (10,000 calls: 5-15 ms) is not one block with the steps after it.
+  await turnIfHeld(5, signal);
+  return job;
 }
 
 function textOf(content: ChatMessage["content"]): string {
@@ -428,11 +431,16 @@ const parsedArguments = new WeakMap<object, unknown>();
  * which ended in a stack overflow. Throws a 400 naming the call past a limit.
  */
 export async function parseHistoryArguments(messages: ChatMessage[], signal?: AbortSignal): Promise<void> {
+  // What came before (a validation, an Anthropic or Responses request's conversion) and the slices
+  // here are not one block.
+  await turnIfHeld(5, signal);
   const slices = new Slicer(10, signal);
   for (const [i, m] of messages.entries()) {
     if (m.role !== "assistant" || !m.tool_calls) continue;
     for (const [j, call] of m.tool_calls.entries()) {
       const text = call.function.arguments;
+      // Per call too: a short text is parsed without a look at the clock (10,000 calls in one block).
+      if (slices.due) await slices.pause();
       let value: unknown;
       try {
         value = await parseJsonInSlices(text === "" ? "{}" : text, slices);
@@ -454,6 +462,7 @@ export async function parseHistoryArguments(messages: ChatMessage[], signal?: Ab
       parsedArguments.set(call, value);
     }
   }
+  await turnIfHeld(5, signal);
 }
 
 /** A history call's `arguments` (JSON text, as the SDKs send it) as the object templates iterate. */

@@ -8,6 +8,7 @@ import { badRequest } from "../http/errors.ts";
 import { Budget, GrammarError, measureSchema } from "../grammar/mod.ts";
 import { Worker } from "node:worker_threads";
 import type { CheckResult } from "./schema_ajv.ts";
+import { helperWork } from "../event_loop.ts";
 import type { CheckReply, CheckRequest } from "./schema_worker.ts";
 
 export type { CheckResult };
@@ -49,6 +50,8 @@ export class SchemaChecker {
   #running?: { id: number; job: Queued; deadline: ReturnType<typeof setTimeout> };
   #idle?: ReturnType<typeof setTimeout>;
   #next = 0;
+  /** Ends the note that the worker is at work (loading or checking): see {@link helperWork}. */
+  #busy?: () => void;
   /** Checks cut off so far. */
   timedOut = 0;
 
@@ -107,6 +110,7 @@ export class SchemaChecker {
       this.#pump();
     }, this.#timeoutMs);
     this.#running = { id, job, deadline };
+    this.#setBusy(true);
     worker.postMessage({ id, key: job.key, value: job.value } satisfies CheckRequest);
   }
 
@@ -117,12 +121,14 @@ export class SchemaChecker {
     worker.on("message", (reply: CheckReply) => {
       if ("ready" in reply) {
         this.#ready = true;
+        this.#setBusy(false);
         return this.#pump();
       }
       const running = this.#running;
       if (!running || running.id !== reply.id) return;
       clearTimeout(running.deadline);
       this.#running = undefined;
+      this.#setBusy(false);
       running.job.resolve(reply.result);
       if (this.#queue.length > 0) this.#pump();
       else {
@@ -146,6 +152,8 @@ export class SchemaChecker {
       this.#pump();
     });
     this.#worker = worker;
+    // Loading (Ajv anew: ~200 ms of a core) is work.
+    this.#setBusy(true);
     return worker;
   }
 
@@ -153,6 +161,15 @@ export class SchemaChecker {
     void this.#worker?.terminate();
     this.#worker = undefined;
     this.#ready = false;
+    this.#setBusy(false);
+  }
+
+  #setBusy(busy: boolean): void {
+    if (busy) this.#busy ??= helperWork();
+    else {
+      this.#busy?.();
+      this.#busy = undefined;
+    }
   }
 }
 

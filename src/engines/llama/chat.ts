@@ -29,7 +29,7 @@ import { ChoiceOutput } from "./chat_output.ts";
 import { EventQueue } from "./event_queue.ts";
 import { PromptLogprobs } from "../prompt_logprobs.ts";
 import type { ComputeClient } from "../compute_share.ts";
-import { loopTurn } from "../../event_loop.ts";
+import { loopTurn, turnIfHeld } from "../../event_loop.ts";
 
 /** Longest wait of {@link LlamaChatEngine.dispose} for the generation loop to stop. */
 const DISPOSE_WAIT_MS = 5_000;
@@ -273,6 +273,8 @@ export class LlamaChatEngine implements ChatEngine {
     if (model.addBos && model.bos >= 0 && !rendered.text.startsWith(model.detokenize([model.bos]))) {
       tokens.push(model.bos);
     }
+    // A prompt put together from the worker's reply, or rendered here, is not one block with its tokenizing.
+    await turnIfHeld(5, signal);
     const { complete } = await model.tokenizePieces(rendered.pieces, { signal, limit, into: tokens });
     return { text: rendered.text, tokens, complete };
   }

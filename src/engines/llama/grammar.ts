@@ -7,6 +7,7 @@ import { cString, type LlamaLibrary } from "./ffi.ts";
 import type { NativeModel } from "./native.ts";
 import type { TokenFilter } from "./sampler.ts";
 import { EngineInputError } from "../types.ts";
+import { helperWork } from "../../event_loop.ts";
 
 /** Bytes of one `llama_token_data` (id i32, logit f32, p f32). */
 const TOKEN_DATA = 12;
@@ -177,9 +178,12 @@ export class GrammarConstraint implements TokenFilter {
   ): Promise<GrammarConstraint | null> {
     const s = model.lib.symbols;
     const a = grammarArgs(gbnf, trigger);
-    const ptr = a.lazy
-      ? await s.llama_sampler_init_grammar_lazy_patterns_nonblocking(model.vocab, a.text, a.root, ...a.lazy)
-      : await s.llama_sampler_init_grammar_nonblocking(model.vocab, a.text, a.root);
+    // A llama.cpp thread at work meanwhile (see helperWork).
+    const done = helperWork();
+    const ptr =
+      await (a.lazy
+        ? s.llama_sampler_init_grammar_lazy_patterns_nonblocking(model.vocab, a.text, a.root, ...a.lazy)
+        : s.llama_sampler_init_grammar_nonblocking(model.vocab, a.text, a.root)).finally(done);
     // The native side read these buffers until now: they stay referenced until the call returned.
     a.keep.length = 0;
     return ptr ? new GrammarConstraint(model.lib, ptr, model.nVocab, model.vocab, param, true) : null;
@@ -220,7 +224,7 @@ export class GrammarConstraint implements TokenFilter {
     }
     new DataView(array.buffer).setBigUint64(8, BigInt(n), true);
     // Off the event loop: the candidate buffers are this grammar's own, and its sequence waits.
-    await this.#lib.symbols.llama_sampler_apply_nonblocking(this.#live(), array);
+    await this.#lib.symbols.llama_sampler_apply_nonblocking(this.#live(), array).finally(helperWork());
     for (let i = 0; i < n; i++) if (values[i * 3 + 1] === -Infinity) logits[ids[i * 3]] = -Infinity;
   }
 
@@ -236,7 +240,8 @@ export class GrammarConstraint implements TokenFilter {
       this.#bound();
       return;
     }
-    return this.#lib.symbols.llama_sampler_accept_nonblocking(this.#live(), token).then(() => this.#bound());
+    return this.#lib.symbols.llama_sampler_accept_nonblocking(this.#live(), token).finally(helperWork())
+      .then(() => this.#bound());
   }
 
   #bound(): void {

@@ -15,7 +15,7 @@ import {
   SPLIT_MODE,
 } from "./ffi.ts";
 import type { MarkupToken } from "../markup.ts";
-import { loopTurn, loopTurnsEnabled, Slicer } from "../../event_loop.ts";
+import { helpersBusy, loopTurn, loopTurnsEnabled, Slicer } from "../../event_loop.ts";
 
 /** Where a model's weights go, beyond the number of offloaded layers (llama.cpp model parameters). */
 export interface ModelPlacement {
@@ -733,7 +733,8 @@ export class NativeContext {
       this.decodes.turns++;
     }
     const start = performance.now();
-    const now = this.syncOnly || (!copying && this.#pace.onThread(kind))
+    // Not on this thread while a helper thread of ours is at work (see helperWork).
+    const now = this.syncOnly || (!copying && this.#pace.onThread(kind) && !helpersBusy())
       ? this.#computeNow(() => s.llama_decode_sync(this.ptr, batch.struct()))
       : undefined;
     let r: number;

@@ -13,7 +13,7 @@ import {
 } from "./template_render.ts";
 import type { RenderReply, RenderRequest, WireCall } from "./template_worker.ts";
 import type { EngineMessage } from "../types.ts";
-import { Slicer } from "../../event_loop.ts";
+import { helperWork, Slicer, turnIfHeld } from "../../event_loop.ts";
 
 export type { TemplateInput, TemplateSource } from "./template_render.ts";
 
@@ -38,7 +38,10 @@ export class ChatTemplate extends TemplateRenderer {
    * messages takes the interpreter hundreds of milliseconds.
    */
   async renderAsync(input: TemplateInput, signal?: AbortSignal): Promise<PromptPieces> {
-    if (renderSize(input) <= INLINE_RENDER_SIZE) return this.render(input);
+    const small = renderSize(input) <= INLINE_RENDER_SIZE;
+    // The request's steps before (its conversion, the weighing here) are not one block with the render.
+    await turnIfHeld(5, signal);
+    if (small) return this.render(input);
     if (this.#worker?.failed) this.dispose();
     this.#worker ??= new RenderWorker(this.#init);
     return await this.#worker.render(input, signal);
@@ -166,7 +169,17 @@ class RenderWorker {
     this.#worker.postMessage({ type: "init", init } satisfies RenderRequest);
   }
 
+  /** The prompt of `input`, rendered on the worker (which is at work meanwhile: see helperWork). */
   async render(input: TemplateInput, signal?: AbortSignal): Promise<PromptPieces> {
+    const done = helperWork();
+    try {
+      return await this.#render(input, signal);
+    } finally {
+      done();
+    }
+  }
+
+  async #render(input: TemplateInput, signal?: AbortSignal): Promise<PromptPieces> {
     signal?.throwIfAborted();
     const id = this.#next++;
     // The messages and tools go a part at a time, with turns of the event loop between parts once
