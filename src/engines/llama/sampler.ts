@@ -139,25 +139,24 @@ export class TokenSampler {
     let token = this.#pick(x);
     if (filter) {
       for (let tries = 1; !filter.allows(token); tries++) {
-        if (tries >= FILTER_TRIES) {
-          return filter.mask(x).then(() => {
-            const drawn = this.#pick(x);
-            return logprobs === undefined
-              ? { token: drawn }
-              : { token: drawn, logprob: logprobsOf(x, drawn, logprobs, this.#scratch) };
-          });
-        }
+        if (tries >= FILTER_TRIES) return filter.mask(x).then(() => this.#drawn(x, this.#pick(x), logprobs));
         x[token] = -Infinity;
         token = this.#pick(x);
       }
+      // The log-probabilities are over what the grammar allows: the mask is needed for them.
+      if (logprobs !== undefined) return filter.mask(x).then(() => this.#drawn(x, token, logprobs));
     }
-    if (logprobs === undefined) return { token };
-    // Log-probabilities of the distribution the token was drawn from at temperature 1 (after bias,
-    // penalties and, when it applied, the grammar), as OpenAI reports them.
-    if (filter) {
-      return filter.mask(x).then(() => ({ token, logprob: logprobsOf(x, token, logprobs, this.#scratch) }));
-    }
-    return { token, logprob: logprobsOf(x, token, logprobs, this.#scratch) };
+    return this.#drawn(x, token, logprobs);
+  }
+
+  /**
+   * `token` and, when asked, the log-probabilities of the distribution it was drawn from (`x`) at
+   * temperature 1 (after bias, penalties and, when it applied, the grammar), as OpenAI reports them.
+   */
+  #drawn(x: Float32Array, token: number, logprobs: number | undefined): SampledToken {
+    return logprobs === undefined
+      ? { token }
+      : { token, logprob: logprobsOf(x, token, logprobs, this.#scratch) };
   }
 
   /** Records a generated token (penalties). */

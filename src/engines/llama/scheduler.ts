@@ -848,9 +848,9 @@ export class Scheduler {
    * that arrive together are finished one after the other, shortest first, instead of all together
    * at the end; a short request never waits for a long prompt; and a long prompt moves ahead of
    * newer ones once it has waited as long as its own work takes. A prompt that others wait for to
-   * copy its prefix goes at the earliest of their keys. (One chunk per prompt and step, as before, served prompts of two
-   * chunks round robin: 8 agent turns of ~130 tokens cut at 1,536 all got their first token after
-   * the last one's second chunk.)
+   * copy its prefix goes at the earliest of their keys. (One chunk per prompt and step, as before,
+   * served prompts of two chunks round robin: 8 agent turns of ~130 tokens cut at 1,536 all got
+   * their first token after the last one's second chunk.)
    *
    * Greedy output must not depend on load: a sequence has to compute exactly as it would alone.
    * llama.cpp splits a batch of several sequences into micro-batches of equal length per sequence
@@ -1099,10 +1099,10 @@ export class Scheduler {
         c.spec.grammar ?? undefined,
         r.job.logprobs,
       );
-      if (drawn instanceof Promise) this.#offLoop(c, drawn.then((d) => this.#use(r, c, d)), r);
+      if (drawn instanceof Promise) this.#offLoop(r, c, drawn.then((d) => this.#use(r, c, d)));
       else {
         const accepting = this.#use(r, c, drawn);
-        if (accepting) this.#offLoop(c, accepting, r);
+        if (accepting) this.#offLoop(r, c, accepting);
       }
     } catch (e) {
       this.#finish(r, e);
@@ -1135,7 +1135,7 @@ export class Scheduler {
   }
 
   /** `c` sits out decode steps until `work` settles; an error ends its job. */
-  #offLoop(c: ChoiceState, work: Promise<void>, r: Running) {
+  #offLoop(r: Running, c: ChoiceState, work: Promise<void>) {
     this.#drawing++;
     this.stats.drawsOffLoop++;
     c.drawing = work.catch((e) => this.#finish(r, e)).finally(() => {
