@@ -3,12 +3,12 @@ import assert from "node:assert/strict";
 import { SSE_DONE, SSE_HEADERS, sseData, sseStream } from "../src/http/sse.ts";
 import { EventLoopMonitor, Slicer, threadClock } from "../src/event_loop.ts";
 import { ManualClock } from "./helpers/clock.ts";
-import { base64ToFloat32, float32ToBase64, truncateAndNormalize } from "../src/vectors.ts";
+import { base64ToFloat32, float32ToBase64, JsonFloats, truncateAndNormalize } from "../src/vectors.ts";
 import { Counter } from "../src/metrics.ts";
 import { V8_FLAGS_ARG } from "../src/v8_flags.ts";
 import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
 import { ApiError, formatPath, jsonBody, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
-import { jsonPieces } from "../src/http/json_writer.ts";
+import { isSmallJson, jsonPieces } from "../src/http/json_writer.ts";
 import { MAX_BODY_PIECES, readJsonBody } from "../src/http/body.ts";
 import { constantTimeEqual, KeyRing, RateLimiter } from "../src/http/auth.ts";
 import { parseKeyFile, plainKey } from "../src/api_keys.ts";
@@ -205,7 +205,7 @@ Deno.test("embeddings: a model without Matryoshka support refuses other dimensio
       e.status === 400 && e.param === "dimensions" && /native 64/.test(e.message),
   );
   const native = await createEmbeddings({ model: "m", input: "abc", dimensions: 64 }, engine, limits);
-  assert.equal((native.data[0].embedding as number[]).length, 64);
+  assert.equal((native.data[0].embedding as Float32Array).length, 64);
 });
 
 Deno.test("event-loop monitor: a block is a stall; short tasks spread over an idle-rate window are not", () => {
@@ -349,6 +349,29 @@ Deno.test("slicedJsonResponse: the text of JSON.stringify, in several chunks whe
   }
   assert.ok([...jsonPieces(large)].length > 20, "a large value is written in many pieces");
   assert.equal([...jsonPieces(body)].length, 1, "a small one in one");
+});
+
+Deno.test("JsonFloats: float32 vectors written as the arrays of numbers JSON.stringify gives, counted unmade", () => {
+  const values = Array.from({ length: 3000 }, (_, i) => Math.fround(Math.sin(i) / 7));
+  const vectors = [0, 1, 2].map(() => new JsonFloats(values));
+  const body = { data: vectors.map((embedding, index) => ({ index, embedding })), n: 3 };
+  const plain = JSON.stringify({
+    data: vectors.map((v, index) => ({ index, embedding: Array.from(v) })),
+    n: 3,
+  });
+  assert.equal(JSON.stringify(body), plain);
+  assert.equal([...jsonPieces(body)].join(""), plain);
+  // Counting a vector's size must not make its array (the point of keeping it float32).
+  let made = 0;
+  class Counted extends JsonFloats {
+    override toJSON(): number[] {
+      made++;
+      return super.toJSON();
+    }
+  }
+  assert.equal(isSmallJson({ v: new Counted(values) }, 2000), false);
+  assert.equal(isSmallJson({ v: new Counted(10) }, 2000), true);
+  assert.equal(made, 0);
 });
 
 Deno.test("jsonBody: a small body is one string with its length; a large one is written in slices", async () => {

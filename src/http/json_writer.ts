@@ -29,6 +29,10 @@ export function isSmallJson(value: unknown, units: number): boolean {
 function remaining(value: unknown, budget: number): number {
   if (typeof value === "string") return budget - 1 - (value.length >> 6);
   if (value === null || typeof value !== "object") return budget - 1;
+  // A typed array is counted without its `toJSON` (a float32 vector's makes a whole array).
+  if (ArrayBuffer.isView(value) && !(value instanceof DataView)) {
+    return budget - 1 - (value as Uint8Array).length;
+  }
   const v = toPlain(value);
   if (v !== value) return remaining(v, budget);
   budget -= 1;

@@ -2,7 +2,7 @@
 import { badRequest } from "../http/errors.ts";
 import type { EmbeddingsRequest, EmbeddingsResponse } from "../protocol/embeddings.ts";
 import type { EmbeddingEngine } from "../engines/types.ts";
-import { float32ToBase64, truncateAndNormalize } from "../vectors.ts";
+import { float32ToBase64, type JsonFloats, truncateAndNormalize } from "../vectors.ts";
 import { Slicer } from "../event_loop.ts";
 
 /** Limits that come from the registry entry and the server settings. */
@@ -83,7 +83,7 @@ export async function createEmbeddings(
   engine: EmbeddingEngine,
   limits: EmbeddingLimits,
   signal?: AbortSignal,
-): Promise<EmbeddingsResponse> {
+): Promise<EmbeddingsBody> {
   const dims = checkDimensions(req.dimensions, engine.nativeDims, limits);
   const sequences = await tokenizeEntries(queryEntries(req, limits), engine, limits, signal);
   const promptTokens = sequences.reduce((n, s) => n + s.length, 0);
@@ -98,6 +98,14 @@ export async function createEmbeddings(
 }
 
 /**
+ * An embeddings response as built: its vectors stay float32 until they are written (each serialises
+ * as the array of numbers of {@link EmbeddingsResponse}: see {@link JsonFloats}).
+ */
+export type EmbeddingsBody = Omit<EmbeddingsResponse, "data"> & {
+  data: { object: "embedding"; index: number; embedding: JsonFloats | string }[];
+};
+
+/**
  * The response body: each vector cut to `dims` and renormalised, in the requested encoding. Built
  * in slices of a few milliseconds (2,000 vectors of 4,096 floats take 0.3 s), the event loop running
  * between them.
@@ -108,14 +116,14 @@ export async function embeddingsResponse(
   dims: number,
   promptTokens: number,
   signal?: AbortSignal,
-): Promise<EmbeddingsResponse> {
+): Promise<EmbeddingsBody> {
   const base64 = req.encoding_format === "base64";
   const slices = new Slicer(10, signal);
-  const data: EmbeddingsResponse["data"] = [];
+  const data: EmbeddingsBody["data"] = [];
   for (const [index, v] of vectors.entries()) {
     if (slices.due) await slices.pause();
     const unit = truncateAndNormalize(v, dims);
-    data.push({ object: "embedding", index, embedding: base64 ? float32ToBase64(unit) : Array.from(unit) });
+    data.push({ object: "embedding", index, embedding: base64 ? float32ToBase64(unit) : unit });
   }
   return {
     object: "list",

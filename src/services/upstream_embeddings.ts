@@ -5,9 +5,15 @@
  * token limits left to the upstream.
  */
 import { badRequest } from "../http/errors.ts";
-import type { EmbeddingsRequest, EmbeddingsResponse } from "../protocol/embeddings.ts";
+import type { EmbeddingsRequest } from "../protocol/embeddings.ts";
 import type { EmbeddingEngine } from "../engines/types.ts";
-import { checkDimensions, type EmbeddingLimits, embeddingsResponse, queryEntries } from "./embeddings.ts";
+import {
+  checkDimensions,
+  type EmbeddingLimits,
+  type EmbeddingsBody,
+  embeddingsResponse,
+  queryEntries,
+} from "./embeddings.ts";
 
 /**
  * Answers one embeddings request with an engine that reads the entries itself.
@@ -28,7 +34,7 @@ export async function createEntryEmbeddings(
   limits: EmbeddingLimits,
   signal?: AbortSignal,
   requestId?: string,
-): Promise<EmbeddingsResponse> {
+): Promise<EmbeddingsBody> {
   if (!engine.embedEntries) {
     throw new Error("createEntryEmbeddings needs an engine that reads entries itself");
   }
