@@ -297,6 +297,10 @@ function createMetrics(registry: Registry, share: ComputeShare, priority?: Compu
       "Model evaluations run on the request thread (short ones, in bursts).",
     ),
     engineCounter(
+      "decodes_host_busy",
+      "Short multi-threaded evaluations kept off the request thread while other processes kept the host's cores busy (their lowered compute threads would leave it spinning).",
+    ),
+    engineCounter(
       "decodes_short_pass",
       "Embedding decodes of short steps computed only up to the embeddings (no vocabulary projection).",
     ),

@@ -1,9 +1,9 @@
 /**
  * Compute threads below the event loop (Linux). The process's compute threads (ggml's persistent
- * pool, Deno's blocking-pool threads that run non-blocking FFI decodes, onnxruntime's, the workers'
- * and V8's helpers) and the JavaScript thread share the same cores; at the same priority a socket
+ * pool, Deno's blocking-pool threads that run non-blocking FFI decodes, onnxruntime's, the workers')
+ * and the JavaScript thread share the same cores; at the same priority a socket
  * event (a request, `/health`) can wait for a core behind our own compute. Every thread of the
- * process except the JavaScript thread is set `N` nice levels below it (`setpriority(2)` on the
+ * process except the JavaScript thread and V8's helpers is set `N` nice levels below it (`setpriority(2)` on the
  * thread id: raising a nice value needs no privilege), so the scheduler runs the event loop first
  * and the compute gets the rest.
  *
@@ -15,6 +15,12 @@
  */
 
 const PRIO_PROCESS = 0;
+/**
+ * V8's helper threads ("V8 DefaultWorker") keep the JavaScript thread's priority: it waits for them
+ * (a garbage collection's parallel tasks, which it joins). Lowered, another process on the host took
+ * their core and the event loop waited 100-470 ms with none of its own CPU spent, beside one busy loop.
+ */
+const V8_HELPER = "V8 ";
 /** Longest time between two full listings of the threads (a thread that ends while another starts
  * leaves the count unchanged). */
 const FULL_SWEEP_MS = 1000;
@@ -31,6 +37,8 @@ export interface ThreadSystem {
   niceOf(tid: number): number;
   /** The id of the thread running this JavaScript. */
   self(): number;
+  /** A thread's name (`comm`); undefined when it cannot be read. */
+  name?(tid: number): string | undefined;
   now(): number;
 }
 
@@ -63,6 +71,13 @@ export function linuxThreads(): ThreadSystem | null {
       },
       setNice: (tid, nice) => libc.setpriority(PRIO_PROCESS, tid, nice) === 0,
       niceOf: (tid) => libc.getpriority(PRIO_PROCESS, tid),
+      name: (tid) => {
+        try {
+          return Deno.readTextFileSync(`/proc/self/task/${tid}/comm`).trimEnd();
+        } catch {
+          return undefined;
+        }
+      },
       self: () => self,
       now: () => performance.now(),
     };
@@ -72,7 +87,8 @@ export function linuxThreads(): ThreadSystem | null {
 }
 
 /**
- * Keeps every thread of the process except the JavaScript one `levels` nice levels below it.
+ * Keeps every thread of the process except the JavaScript one and V8's helpers `levels` nice levels
+ * below it.
  *
  * @example
  * ```ts
@@ -137,6 +153,10 @@ export class ComputePriority {
     for (const tid of this.#done) if (!alive.has(tid)) this.#done.delete(tid);
     for (const tid of tids) {
       if (tid === this.#main || this.#done.has(tid)) continue;
+      if (this.#sys.name?.(tid)?.startsWith(V8_HELPER)) {
+        this.#done.add(tid);
+        continue;
+      }
       // A thread that ended meanwhile is simply not there next time.
       if (this.#sys.setNice(tid, this.target)) {
         this.#done.add(tid);

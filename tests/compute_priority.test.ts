@@ -72,27 +72,33 @@ async function metric(url: string, name: string): Promise<number> {
   return Number(m[1]);
 }
 
-serverTest("--compute-nice 7: every thread but the request thread runs 7 nice levels below it", async () => {
-  const server = await computedServer("7");
-  try {
-    const main = () => threads(server.pid).find((t) => t.tid === server.pid)!;
-    const base = main().nice;
-    // New threads are set where they are made and by the next look (within a second).
-    const others = await poll("every other thread is set", () => {
-      const rest = threads(server.pid).filter((t) => t.tid !== server.pid);
-      return rest.every((t) => t.nice === Math.min(19, base + 7)) && rest;
-    });
-    assert.equal(main().nice, base, "the request thread keeps its priority");
-    const names = new Set(others.map((t) => t.name));
-    // ggml's pool worker and the blocking pool's decode thread (named after their creators), V8's helpers.
-    assert.ok(others.length >= 4, `threads set: ${others.map((t) => t.name).join(", ")}`);
-    assert.ok([...names].some((n) => n.startsWith("V8")), `V8 helpers among ${[...names].join(", ")}`);
-    assert.equal(await metric(server.url, "vserve_compute_nice"), 7);
-    assert.ok(await metric(server.url, "vserve_compute_threads_reniced_total") >= others.length);
-  } finally {
-    await server.stop();
-  }
-});
+serverTest(
+  "--compute-nice 7: every thread but the request thread and V8's helpers runs 7 nice levels below it",
+  async () => {
+    const server = await computedServer("7");
+    try {
+      const main = () => threads(server.pid).find((t) => t.tid === server.pid)!;
+      const base = main().nice;
+      const v8 = (t: { name: string }) => t.name.startsWith("V8");
+      // New threads are set where they are made and by the next look (within a second).
+      const others = await poll("every other thread is set", () => {
+        const rest = threads(server.pid).filter((t) => t.tid !== server.pid && !v8(t));
+        return rest.every((t) => t.nice === Math.min(19, base + 7)) && rest;
+      });
+      assert.equal(main().nice, base, "the request thread keeps its priority");
+      // ggml's pool worker and the blocking pool's decode thread (named after their creators).
+      assert.ok(others.length >= 4, `threads set: ${others.map((t) => t.name).join(", ")}`);
+      // The request thread waits for V8's helpers (a collection's parallel tasks): they keep its priority.
+      const helpers = threads(server.pid).filter(v8);
+      assert.ok(helpers.length >= 1, "V8's helpers are there");
+      assert.deepEqual(helpers.map((t) => t.nice), helpers.map(() => base));
+      assert.equal(await metric(server.url, "vserve_compute_nice"), 7);
+      assert.ok(await metric(server.url, "vserve_compute_threads_reniced_total") >= others.length);
+    } finally {
+      await server.stop();
+    }
+  },
+);
 
 serverTest("--compute-nice 0: no thread is set below the request thread", async () => {
   const server = await computedServer("0");
@@ -111,6 +117,7 @@ serverTest("--compute-nice 0: no thread is set below the request thread", async 
 /** A process of fake threads: ids, nice values, and the system calls made. */
 function fakeThreads(self = 100, base = 0) {
   const nice = new Map<number, number>([[self, base]]);
+  const names = new Map<number, string>();
   let clock = 0;
   const calls = { list: 0, set: 0 };
   const sys: ThreadSystem = {
@@ -125,12 +132,16 @@ function fakeThreads(self = 100, base = 0) {
     niceOf: (tid) => nice.get(tid)!,
     self: () => self,
     now: () => clock,
+    name: (tid) => names.get(tid) ?? "worker",
   };
   return {
     sys,
     nice,
     calls,
-    spawn: (tid: number, value = base) => nice.set(tid, value),
+    spawn: (tid: number, value = base, name?: string) => {
+      if (name) names.set(tid, name);
+      return nice.set(tid, value);
+    },
     end: (tid: number) => nice.delete(tid),
     advance: (ms: number) => clock += ms,
   };
@@ -161,6 +172,23 @@ Deno.test("ComputePriority sets new threads once, not the JavaScript thread, and
     keeper.check();
     assert.equal(f.nice.get(104), 12);
     assert.equal(keeper.reniced, 4);
+  } finally {
+    keeper.stop();
+  }
+});
+
+Deno.test("ComputePriority leaves V8's helper threads at the JavaScript thread's priority", () => {
+  const f = fakeThreads(100, 0);
+  f.spawn(101, 0, "V8 DefaultWorke");
+  f.spawn(102, 0, "tokio-runtime-w");
+  const keeper = ComputePriority.start(10, f.sys)!;
+  try {
+    assert.deepEqual([...f.nice], [[100, 0], [101, 0], [102, 10]]);
+    assert.equal(keeper.reniced, 1);
+    f.advance(1000);
+    keeper.check();
+    assert.equal(f.nice.get(101), 0, "not set at a later listing either");
+    assert.equal(f.calls.set, 1);
   } finally {
     keeper.stop();
   }

@@ -238,6 +238,7 @@ export class LlamaChatEngine implements ChatEngine {
       tokens_generated: s.tokensGenerated,
       decodes: s.decodes,
       decodes_on_thread: this.#ctx.decodes.onThread,
+      decodes_host_busy: this.#ctx.decodes.hostBusy,
       loop_turns: this.#ctx.decodes.turns,
       batched_tokens: s.batchedTokens,
       checkpoints_saved: s.checkpointsSaved,

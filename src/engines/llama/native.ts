@@ -16,6 +16,7 @@ import {
 } from "./ffi.ts";
 import type { MarkupToken } from "../markup.ts";
 import { helpersBusy, loopTurn, loopTurnsEnabled, Slicer } from "../../event_loop.ts";
+import { hostLoad } from "../../host_load.ts";
 
 /** Where a model's weights go, beyond the number of offloaded layers (llama.cpp model parameters). */
 export interface ModelPlacement {
@@ -39,6 +40,13 @@ export interface ModelPlacement {
 import type { ComputeClient } from "../compute_share.ts";
 import { releaseFreedMemory } from "../native_memory.ts";
 import { decodeKind, DecodePace } from "./pace.ts";
+
+/**
+ * A decode on the JavaScript thread this long, and this many times its kind's usual time, was held
+ * up by others on the host (host_load.ts): the next ones run off the thread.
+ */
+const STALLED_MS = 25;
+const STALLED_TIMES = 4;
 
 /** Characters of text tokenized on a thread of its own rather than on the event loop's. */
 const LONG_TEXT = 8192;
@@ -530,7 +538,8 @@ export class NativeContext {
    * Decodes run on the JavaScript thread (see pace.ts) and on the blocking pool, and the turns of the
    * event loop taken between bursts of the former.
    */
-  readonly decodes = { onThread: 0, offThread: 0, turns: 0, fewerThreads: 0 };
+  /** `hostBusy`: decodes kept off the JavaScript thread while others kept the host's cores busy. */
+  readonly decodes = { onThread: 0, offThread: 0, turns: 0, fewerThreads: 0, hostBusy: 0 };
   /** State snapshots written on the JavaScript thread and on the blocking pool ({@link saveState}). */
   readonly saves = { onThread: 0, offThread: 0 };
   /**
@@ -733,15 +742,23 @@ export class NativeContext {
       this.decodes.turns++;
     }
     const start = performance.now();
-    // Not on this thread while a helper thread of ours is at work (see helperWork).
-    const now = this.syncOnly || (!copying && this.#pace.onThread(kind) && !helpersBusy())
-      ? this.#computeNow(() => s.llama_decode_sync(this.ptr, batch.struct()))
-      : undefined;
+    // Not on this thread while a helper thread of ours is at work (see helperWork), nor, with
+    // partner threads, while other processes keep the cores busy (see host_load.ts).
+    const load = n > 1 ? hostLoad() : null;
+    let onThread = this.syncOnly || (!copying && this.#pace.onThread(kind) && !helpersBusy());
+    if (onThread && !this.syncOnly && load?.busy()) {
+      onThread = false;
+      this.decodes.hostBusy++;
+    }
+    const now = onThread ? this.#computeNow(() => s.llama_decode_sync(this.ptr, batch.struct())) : undefined;
     let r: number;
     if (now) {
       r = now.result;
       // Wall time, not the thread's CPU: it bounds how long what the streams wrote waits to be sent.
-      this.#pace.record(kind, performance.now() - start, true);
+      const ms = performance.now() - start;
+      const expected = this.#pace.expected(kind);
+      if (expected !== undefined && ms > STALLED_MS && ms > STALLED_TIMES * expected) load?.stalled();
+      this.#pace.record(kind, ms, true);
       this.decodes.onThread++;
     } else if (this.syncOnly) {
       // Compute is queued or another model holds the turn: this thread's decode once it is granted
