@@ -434,7 +434,7 @@ Deno.test({
     try {
       await step(0, 0); // measured off the thread
       await step(0, 1);
-      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 1, turns: 0, fewerThreads: 0 });
+      assert.deepEqual(ctx.decodes, { onThread: 1, offThread: 1, turns: 0, fewerThreads: 0, hostBusy: 0 });
       // (This pace serves this context alone: its one kind is a one-token step, keyed by context.)
       const kind = Array.from({ length: 100 }, (_, i) => `${i}:g1`).find((k) =>
         pace.expected(k) !== undefined
@@ -444,14 +444,14 @@ Deno.test({
       await step(1, 2);
       assert.deepEqual(
         ctx.decodes,
-        { onThread: 1, offThread: 2, turns: 0, fewerThreads: 0 },
+        { onThread: 1, offThread: 2, turns: 0, fewerThreads: 0, hostBusy: 0 },
         "the copy's decode went off the thread",
       );
       assert.equal(pace.expected(kind!), expected, "its time (the copy's too) is not the shape's");
       await step(1, 3);
       assert.deepEqual(
         ctx.decodes,
-        { onThread: 2, offThread: 2, turns: 0, fewerThreads: 0 },
+        { onThread: 2, offThread: 2, turns: 0, fewerThreads: 0, hostBusy: 0 },
         "then on the thread again",
       );
     } finally {
