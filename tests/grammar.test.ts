@@ -10,6 +10,7 @@ import { gbnfLiteral, GrammarError, JsonGrammar, textWithout } from "../src/gram
 import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
 import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
 import { checkAgainstSchema, SchemaChecker } from "../src/services/schema_check.ts";
+import { helpersBusy } from "../src/event_loop.ts";
 
 const model = await loadGrammarModel();
 const accepts = (gbnf: string, text: string) => acceptsText(model, gbnf, text);
@@ -675,6 +676,22 @@ Deno.test("the output check runs off the event loop: a catastrophic pattern is c
     assert.ok(ticks > 0, "the event loop ran while the check was stuck");
     assert.ok(!n.ok && !n.timedOut, "the check after it ran on a new worker");
     assert.equal(checker.timedOut, 1);
+  } finally {
+    checker.close();
+  }
+});
+
+Deno.test("warming the output check starts its worker in a turn of its own, not in the request's", async () => {
+  // `new Worker` holds the thread 29-58 ms: it must not add to the work of the turn that asked.
+  const checker = new SchemaChecker();
+  try {
+    checker.warm();
+    checker.warm();
+    assert.equal(helpersBusy(), false, "nothing started in the calling turn");
+    await new Promise((r) => setTimeout(r, 0));
+    assert.equal(helpersBusy(), true, "the worker is loading (a helper at work)");
+    assert.deepEqual(await checker.check({ type: "integer" }, 3), { ok: true });
+    assert.equal(helpersBusy(), false);
   } finally {
     checker.close();
   }
