@@ -245,3 +245,37 @@ serverTest(
     assert.equal(after.status, 200, JSON.stringify(after.body));
   },
 );
+
+serverTest("a short chat beside a long echo of prompt log-probabilities finishes first", async () => {
+  // Each 64-token chunk of an echoed prompt computes and reads 64 rows of 151,936 logits; counted by
+  // its tokens, 8 such chunks ran between two decode steps, and a chat waited for the whole echo.
+  const noEnd = { "151643": -100, "151645": -100 };
+  const before = await scrape();
+  const finished: string[] = [];
+  const echo = postJson(url("/v1/completions"), {
+    model: CHAT,
+    prompt: "echo these words back ".repeat(600),
+    echo: true,
+    logprobs: 2,
+    max_tokens: 1,
+  }, KEY).then((r) => (finished.push("echo"), r));
+  await poll(
+    "the echo is under way",
+    async () =>
+      engineCounter(await scrape(), "prompt_tokens_evaluated", CHAT) >
+        engineCounter(before, "prompt_tokens_evaluated", CHAT) + 128,
+  );
+  const chat = await postJson(url("/v1/chat/completions"), {
+    model: CHAT,
+    messages: [{ role: "user", content: "Short, please." }],
+    max_tokens: 8,
+    logit_bias: noEnd,
+    chat_template_kwargs: { enable_thinking: false },
+  }, KEY);
+  finished.push("chat");
+  assert.equal(chat.status, 200, JSON.stringify(chat.body));
+  const e = await echo;
+  assert.equal(e.status, 200, JSON.stringify(e.body));
+  assert.ok(e.body.usage.prompt_tokens > 2000, `${e.body.usage.prompt_tokens} prompt tokens`);
+  assert.deepEqual(finished, ["chat", "echo"]);
+});
