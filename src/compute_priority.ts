@@ -1,11 +1,11 @@
 /**
  * Compute threads below the event loop (Linux). The process's compute threads (ggml's persistent
  * pool, Deno's blocking-pool threads that run non-blocking FFI decodes, onnxruntime's, the workers')
- * and the JavaScript thread share the same cores; at the same priority a socket
- * event (a request, `/health`) can wait for a core behind our own compute. Every thread of the
- * process except the JavaScript thread and V8's helpers is set `N` nice levels below it (`setpriority(2)` on the
- * thread id: raising a nice value needs no privilege), so the scheduler runs the event loop first
- * and the compute gets the rest.
+ * and the JavaScript thread share the same cores; at the same priority a socket event (a request,
+ * `/health`) can wait for a core behind our own compute. Every thread of the process except the
+ * JavaScript thread and V8's helpers is set `N` nice levels below it (`setpriority(2)` on the thread
+ * id: raising a nice value needs no privilege), so the scheduler runs the event loop first and the
+ * compute gets the rest.
  *
  * Threads appear over time (the pool at load, blocking-pool threads on demand, which exit after
  * 10 s idle), so the process's threads are looked at again: {@link noticeThreads} compares the

@@ -79,7 +79,7 @@ export class HostLoad {
     const last = this.#last;
     if (last && now - last.at < WINDOW_MS) return this.#calm < CALM_WINDOWS;
     const c = this.#source.read();
-    if (!c) return false;
+    if (!c) return this.#calm < CALM_WINDOWS;
     this.#last = { ...c, at: now };
     if (!last || now - last.at > STALE_MS) return this.#calm < CALM_WINDOWS;
     this.windows++;

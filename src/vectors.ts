@@ -22,8 +22,8 @@ export function truncateAndNormalize(vector: Float32Array, dims: number): JsonFl
 /**
  * A float32 vector that serialises as a JSON array of numbers (`JSON.stringify` calls its `toJSON`)
  * but stays float32 until then: 2,048 vectors of 4,096 held as JavaScript arrays are 67 MB of heap
- * for the collector to walk while the answer is written (pauses of 40-130 ms here); as float32 they
- * are 33 MB outside it, and each array lives only while its own piece is written.
+ * for the collector to walk while the answer is written; as float32 they are 33 MB outside it, and
+ * each array lives only while its own piece is written.
  *
  * @example
  * ```ts

@@ -536,9 +536,9 @@ export class NativeContext {
   readonly #generation: boolean;
   /**
    * Decodes run on the JavaScript thread (see pace.ts) and on the blocking pool, and the turns of the
-   * event loop taken between bursts of the former.
+   * event loop taken between bursts of the former; `hostBusy`: decodes kept off the JavaScript thread
+   * while other processes kept the host's cores busy (see host_load.ts).
    */
-  /** `hostBusy`: decodes kept off the JavaScript thread while others kept the host's cores busy. */
   readonly decodes = { onThread: 0, offThread: 0, turns: 0, fewerThreads: 0, hostBusy: 0 };
   /** State snapshots written on the JavaScript thread and on the blocking pool ({@link saveState}). */
   readonly saves = { onThread: 0, offThread: 0 };
