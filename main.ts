@@ -103,7 +103,7 @@ async function main(): Promise<number> {
   const plans = planned.plans;
 
   const shutdown = new AbortController();
-  const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal };
+  const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal, inFlight: 0 };
   // Every local engine takes its compute steps in turn from this one arbiter (weighted fair share).
   const computeShare = new ComputeShare();
   // Compute threads below the event loop, so a socket event never waits for a core behind our own
@@ -112,7 +112,7 @@ async function main(): Promise<number> {
   if (config.computeNice > 0 && !priority) {
     log.info("--compute-nice has no effect here: per-thread priorities need Linux", { os: Deno.build.os });
   }
-  const metrics = createMetrics(registry, computeShare, priority);
+  const metrics = createMetrics(registry, computeShare, lifecycle, priority);
   const loopMonitor = new EventLoopMonitor((stall, lag) => {
     metrics.eventLoopStall.observe({}, stall);
     metrics.eventLoopLag.observe({}, lag);
@@ -236,15 +236,23 @@ async function main(): Promise<number> {
     lifecycle.draining = true;
     notifier?.send("STOPPING=1\nSTATUS=draining");
     log.info("shutting down: draining in-flight requests", { signal, drain_ms: config.drainTimeoutMs });
-    const finished = server.shutdown();
+    // The listener stays open (new API requests get 503) until the requests in flight are done:
+    // `server.shutdown()` makes the body of a request not read yet unreadable (Deno 2.9), which lost
+    // requests that had arrived, their handlers not yet at their bodies.
+    let closing: Promise<void> | undefined;
+    const close = () => (closing ??= server.shutdown());
+    const idle = new Promise<void>((resolve) => {
+      if (lifecycle.inFlight === 0) resolve();
+      else lifecycle.onIdle = resolve;
+    });
     const drained = await Promise.race([
-      finished.then(() => true),
+      idle.then(close).then(() => true),
       new Promise<false>((r) => setTimeout(() => r(false), config.drainTimeoutMs)),
     ]);
     if (!drained) {
       log.warn("drain time is over: aborting the remaining requests");
       shutdown.abort(new DOMException("the server is shutting down", "ShutdownError"));
-      await Promise.race([finished, new Promise((r) => setTimeout(r, 2000))]);
+      await Promise.race([close(), new Promise((r) => setTimeout(r, 2000))]);
     }
     await loading.catch(() => {});
     await registry.dispose();
@@ -269,7 +277,12 @@ async function runPlan(config: Config): Promise<number> {
 }
 
 /** The metrics, with gauges read from the registry at scrape time. */
-function createMetrics(registry: Registry, share: ComputeShare, priority?: ComputePriority): Metrics {
+function createMetrics(
+  registry: Registry,
+  share: ComputeShare,
+  lifecycle: Lifecycle,
+  priority?: ComputePriority,
+): Metrics {
   const stateValue = { loading: 0, loaded: 1, failed: -1 } as const;
   const engineCounter = (name: string, help: string) =>
     new CounterReader(`vserve_engine_${name}_total`, help, () =>
@@ -341,6 +354,11 @@ function createMetrics(registry: Registry, share: ComputeShare, priority?: Compu
         registry.slots.filter((s) => s.loadSeconds !== undefined).map((
           s,
         ) => [{ model: s.spec.id }, s.loadSeconds!]),
+    ),
+    new Gauge(
+      "vserve_http_requests_in_flight",
+      "API requests being answered (from the drain check to the answer's end).",
+      () => [[{}, lifecycle.inFlight]],
     ),
     new Gauge(
       "vserve_busy_slots",

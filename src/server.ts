@@ -49,6 +49,8 @@ export function createServer(deps: ServerDeps): ServerHandler {
     deps.onRequest?.();
     const url = new URL(req.url);
     const { ctx, untrack } = startRequest(req, info, deps);
+    // Counted from the drain check to the answer's end: the drain waits for these.
+    let counted = false;
     let res: Response;
     let rateHeaders: Record<string, string> = {};
     try {
@@ -60,6 +62,10 @@ export function createServer(deps: ServerDeps): ServerHandler {
         const { route, match } = matchRoute(routes, req.method, url.pathname);
         ctx.route = routeLabel(route);
         refuseWhileDraining(route, deps);
+        if (route.auth === "v1") {
+          deps.lifecycle.inFlight++;
+          counted = true;
+        }
         // A request to a model waits its turn in a burst (event_loop.ts); `/health` never does.
         const turn = route.auth === "v1" ? ingress.admit() : undefined;
         if (turn) await turn;
@@ -72,7 +78,14 @@ export function createServer(deps: ServerDeps): ServerHandler {
       res = shape ? shape(error, ctx.id) : errorResponse(error);
     }
     addHeaders(req, res, ctx, rateHeaders, deps.corsOrigins);
-    return untilBodyEnds(res, accessLog(req, url, res, ctx, started, untrack, deps));
+    const done = accessLog(req, url, res, ctx, started, untrack, deps);
+    return untilBodyEnds(
+      res,
+      !counted ? done : (cut) => {
+        done(cut);
+        if (--deps.lifecycle.inFlight === 0) deps.lifecycle.onIdle?.();
+      },
+    );
   };
   return Object.assign(handler, { routes: routeInfo(routes) });
 }

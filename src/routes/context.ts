@@ -24,6 +24,13 @@ export interface Lifecycle {
   draining: boolean;
   /** Aborts every in-flight request when the drain time is over. */
   shutdown: AbortSignal;
+  /**
+   * API requests past the drain check whose answers have not ended. The drain keeps the listener
+   * open until they are done: `Deno.serve`'s shutdown makes a request body not yet read unreadable.
+   */
+  inFlight: number;
+  /** Called each time {@link inFlight} drops to 0 (the drain sets it). */
+  onIdle?: () => void;
 }
 
 /** Everything the server needs, passed in. */
