@@ -82,8 +82,11 @@ export function createServer(deps: ServerDeps): ServerHandler {
     return untilBodyEnds(
       res,
       !counted ? done : (cut) => {
-        done(cut);
-        if (--deps.lifecycle.inFlight === 0) deps.lifecycle.onIdle?.();
+        try {
+          done(cut);
+        } finally {
+          if (--deps.lifecycle.inFlight === 0) deps.lifecycle.onIdle?.();
+        }
       },
     );
   };

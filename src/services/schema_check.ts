@@ -6,7 +6,6 @@
  */
 import { badRequest } from "../http/errors.ts";
 import { Budget, GrammarError, measureSchema } from "../grammar/mod.ts";
-import { Worker } from "node:worker_threads";
 import type { CheckResult } from "./schema_ajv.ts";
 import { helperWork } from "../event_loop.ts";
 import type { CheckReply, CheckRequest } from "./schema_worker.ts";
@@ -17,7 +16,7 @@ export type { CheckResult };
 const CHECK_TIMEOUT_MS = 10_000;
 /**
  * How long an idle worker is kept, its compiled validators with it (starting one takes about 200 ms:
- * Ajv is loaded anew). It never keeps the process alive.
+ * Ajv is loaded anew).
  */
 const IDLE_MS = 5 * 60_000;
 
@@ -31,7 +30,9 @@ interface Queued {
  * Checks values against schemas on a worker thread (Ajv; see schema_ajv.ts), one at a time in
  * order. A check that takes longer than `timeoutMs` is cut off (`timedOut`) and its worker ended, so
  * a schema whose check never ends (a catastrophic `pattern`, say) costs one worker, not the server.
- * An idle worker ends after `idleMs`; it never keeps the process alive (a Node worker, unref'd).
+ * An idle worker ends after `idleMs` (while it lives, it keeps a process that has nothing else to
+ * do alive: a web worker, which `new Worker` makes in 9-11 ms of this thread where a Node worker
+ * took 24-53).
  *
  * @example
  * ```ts
@@ -73,7 +74,8 @@ export class SchemaChecker {
   /**
    * Starts the worker, if it is not running, so that a check soon does not wait for it to load: in
    * a turn of the event loop of its own, as `new Worker` holds this thread while the runtime builds
-   * the worker's isolate (29-58 ms here), which must not add to the request's own work of this turn.
+   * the worker's isolate (9-11 ms here, more on a busy host), which must not add to the request's own
+   * work of this turn.
    */
   warm(): void {
     clearTimeout(this.#idle);
@@ -106,8 +108,6 @@ export class SchemaChecker {
     if (this.#running || this.#queue.length === 0) return;
     clearTimeout(this.#idle);
     const worker = this.#start();
-    // A check waits for the worker: it keeps the process alive until the answer (only then).
-    worker.ref();
     if (!this.#ready) return;
     const job = this.#queue.shift()!;
     const id = this.#next++;
@@ -130,9 +130,8 @@ export class SchemaChecker {
 
   #start(): Worker {
     if (this.#worker) return this.#worker;
-    const worker = new Worker(new URL("./schema_worker.ts", import.meta.url));
-    worker.unref();
-    worker.on("message", (reply: CheckReply) => {
+    const worker = new Worker(new URL("./schema_worker.ts", import.meta.url), { type: "module" });
+    worker.onmessage = ({ data: reply }: MessageEvent<CheckReply>) => {
       if ("ready" in reply) {
         this.#ready = true;
         this.#setBusy(false);
@@ -146,12 +145,13 @@ export class SchemaChecker {
       running.job.resolve(reply.result);
       if (this.#queue.length > 0) this.#pump();
       else {
-        worker.unref();
         this.#idle = setTimeout(() => this.#stop(), this.#idleMs);
         Deno.unrefTimer(this.#idle);
       }
-    });
-    worker.on("error", (e: Error) => {
+    };
+    worker.onerror = (e: ErrorEvent) => {
+      // Not passed on to this thread (where an uncaught worker error ends the process).
+      e.preventDefault();
       // Every check is answered from a try: an error here ended the worker (out of memory, say), or
       // it could not load; what waits fails (a worker that cannot load is not restarted in a loop).
       if (this.#worker !== worker) return;
@@ -164,7 +164,7 @@ export class SchemaChecker {
       running?.job.resolve(failed);
       if (!loaded) { for (const job of this.#queue.splice(0)) job.resolve(failed); }
       this.#pump();
-    });
+    };
     this.#worker = worker;
     // Loading (Ajv anew: ~200 ms of a core) is work.
     this.#setBusy(true);
@@ -172,7 +172,7 @@ export class SchemaChecker {
   }
 
   #stop(): void {
-    void this.#worker?.terminate();
+    this.#worker?.terminate();
     this.#worker = undefined;
     this.#ready = false;
     this.#setBusy(false);
