@@ -15,6 +15,7 @@ import { fileURLToPath } from "node:url";
 /** Layer of each path, by the first rule whose prefix matches (most specific rules first). */
 const RULES: [prefix: string, layer: string][] = [
   ["main.ts", "main"],
+  ["src/cli.ts", "main"],
   ["src/server.ts", "server"],
   ["src/routes/", "routes"],
   ["src/services/", "services"],
