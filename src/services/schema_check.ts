@@ -14,6 +14,9 @@ export type { CheckResult };
 
 /** How long one check may take before it is cut off (Ajv compiling 10,000 schema nodes takes ~2 s). */
 const CHECK_TIMEOUT_MS = 10_000;
+/** Time past a check's own limit after which its worker is given up on. */
+const BACKSTOP_MS = 5_000;
+
 /**
  * How long an idle worker is kept, its compiled validators with it (starting one takes about 200 ms:
  * Ajv is loaded anew).
@@ -28,8 +31,10 @@ interface Queued {
 
 /**
  * Checks values against schemas on a worker thread (Ajv; see schema_ajv.ts), one at a time in
- * order. A check that takes longer than `timeoutMs` is cut off (`timedOut`) and its worker ended, so
- * a schema whose check never ends (a catastrophic `pattern`, say) costs one worker, not the server.
+ * order. A check that takes longer than `timeoutMs` is stopped by the worker itself (`timedOut`; see
+ * schema_worker.ts), which goes on with the next; a worker that does not answer
+ * {@link BACKSTOP_MS} later is replaced (its thread may run on: `terminate()` does not stop running
+ * JavaScript in Deno 2.9).
  * An idle worker ends after `idleMs` (while it lives, it keeps a process that has nothing else to
  * do alive: a web worker, which `new Worker` makes in 9-11 ms of this thread where a Node worker
  * took 24-53).
@@ -55,8 +60,10 @@ export class SchemaChecker {
   #next = 0;
   /** Ends the note that the worker is at work (loading or checking): see {@link helperWork}. */
   #busy?: () => void;
-  /** Checks cut off so far. */
+  /** Checks cut off so far (by their time limit). */
   timedOut = 0;
+  /** Workers started so far. */
+  started = 0;
 
   constructor(opts: { timeoutMs?: number; idleMs?: number } = {}) {
     this.#timeoutMs = opts.timeoutMs ?? CHECK_TIMEOUT_MS;
@@ -112,7 +119,7 @@ export class SchemaChecker {
     const job = this.#queue.shift()!;
     const id = this.#next++;
     const deadline = setTimeout(() => {
-      // The worker is stuck in this check: it is ended, the next check gets a new one.
+      // The worker did not stop the check itself: it is given up on, the next check gets a new one.
       this.timedOut++;
       this.#running = undefined;
       this.#stop();
@@ -122,15 +129,18 @@ export class SchemaChecker {
         timedOut: true,
       });
       this.#pump();
-    }, this.#timeoutMs);
+    }, this.#timeoutMs + BACKSTOP_MS);
     this.#running = { id, job, deadline };
     this.#setBusy(true);
-    worker.postMessage({ id, key: job.key, value: job.value } satisfies CheckRequest);
+    worker.postMessage(
+      { id, key: job.key, value: job.value, timeoutMs: this.#timeoutMs } satisfies CheckRequest,
+    );
   }
 
   #start(): Worker {
     if (this.#worker) return this.#worker;
     const worker = new Worker(new URL("./schema_worker.ts", import.meta.url), { type: "module" });
+    this.started++;
     worker.onmessage = ({ data: reply }: MessageEvent<CheckReply>) => {
       if ("ready" in reply) {
         this.#ready = true;
@@ -142,6 +152,7 @@ export class SchemaChecker {
       clearTimeout(running.deadline);
       this.#running = undefined;
       this.#setBusy(false);
+      if (!reply.result.ok && reply.result.timedOut) this.timedOut++;
       running.job.resolve(reply.result);
       if (this.#queue.length > 0) this.#pump();
       else {
