@@ -23,6 +23,7 @@ import { startExitGuard } from "./exit_guard.ts";
 import { SystemdNotifier } from "./systemd.ts";
 import { ComputeShare, type ComputeUse } from "./engines/compute_share.ts";
 import { ComputePriority } from "./compute_priority.ts";
+import { arenaLimitMissing } from "./malloc_arenas.ts";
 
 /** Runs the command line of this process; the exit code (the server itself runs until a signal). */
 export async function main(): Promise<number> {
@@ -43,6 +44,8 @@ export async function main(): Promise<number> {
   const config = loaded.config;
   if (config.plan) return await runPlan(config);
   const log = createLogger({ level: config.logLevel, format: config.logFormat });
+  const noArenaLimit = arenaLimitMissing();
+  if (noArenaLimit) log.info(`malloc arenas are not limited: ${noArenaLimit}`);
   startExitGuard({
     drainMs: config.drainTimeoutMs,
     log: { level: config.logLevel, format: config.logFormat },
@@ -104,7 +107,19 @@ export async function main(): Promise<number> {
   const plans = planned.plans;
 
   const shutdown = new AbortController();
-  const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal, inFlight: 0 };
+  const lifecycle: Lifecycle = { draining: false, shutdown: shutdown.signal, inFlight: 0, unread: 0 };
+  // Who waits for every request in a handler to have its body read (before a listener closes).
+  const readWaiters: (() => void)[] = [];
+  lifecycle.onRead = () => {
+    for (const resolve of readWaiters.splice(0)) resolve();
+  };
+  /** Resolves when no request is left unread (see `Lifecycle.unread`), or after `ms`. */
+  const bodiesRead = (ms: number) =>
+    new Promise<void>((resolve) => {
+      if (lifecycle.unread === 0) return resolve();
+      readWaiters.push(resolve);
+      setTimeout(resolve, ms);
+    });
   // Every local engine takes its compute steps in turn from this one arbiter (weighted fair share).
   const computeShare = new ComputeShare();
   // Compute threads below the event loop, so a socket event never waits for a core behind our own
@@ -212,10 +227,13 @@ export async function main(): Promise<number> {
     if (config.tlsCert && config.tlsKey) {
       try {
         const files = await readTlsFiles(config.tlsCert, config.tlsKey);
-        // A second listener on the same port takes new connections; the old one finishes its own.
+        if (lifecycle.draining) return;
+        // A second listener on the same port takes new connections; the old one finishes its own,
+        // closed once the requests in handlers have their bodies (at most the drain time later).
         const next = listen(port, files, true);
         const old = server;
         server = next;
+        await bodiesRead(config.drainTimeoutMs);
         await old.shutdown();
         log.info("reloaded TLS certificate", { cert: config.tlsCert });
       } catch (e) {
@@ -237,18 +255,17 @@ export async function main(): Promise<number> {
     lifecycle.draining = true;
     notifier?.send("STOPPING=1\nSTATUS=draining");
     log.info("shutting down: draining in-flight requests", { signal, drain_ms: config.drainTimeoutMs });
-    // The listener stays open (new API requests get 503) until the requests in flight are done:
-    // `server.shutdown()` makes the body of a request not read yet unreadable (Deno 2.9), which lost
+    // The listener closes once the requests in handlers have their bodies (new API requests get 503
+    // meanwhile): `server.shutdown()` makes a body not read yet unreadable (Deno 2.9), which lost
     // requests that had arrived, their handlers not yet at their bodies.
     let closing: Promise<void> | undefined;
     const close = () => (closing ??= server.shutdown());
-    const idle = new Promise<void>((resolve) => {
-      if (lifecycle.inFlight === 0) resolve();
-      else lifecycle.onIdle = resolve;
-    });
+    const started = performance.now();
+    await bodiesRead(config.drainTimeoutMs);
+    const left = Math.max(0, config.drainTimeoutMs - (performance.now() - started));
     const drained = await Promise.race([
-      idle.then(close).then(() => true),
-      new Promise<false>((r) => setTimeout(() => r(false), config.drainTimeoutMs)),
+      close().then(() => true),
+      new Promise<false>((r) => setTimeout(() => r(false), left)),
     ]);
     if (!drained) {
       log.warn("drain time is over: aborting the remaining requests");

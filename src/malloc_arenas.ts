@@ -14,11 +14,18 @@
  * starts itself again, the same executable with the same arguments and environment plus
  * `MALLOC_ARENA_MAX`, before it loads anything else (`execve`: same process id, ~50 ms). Not where
  * `MALLOC_ARENA_MAX` is already set (choose another limit that way; then there is no second start),
- * not under a debugger (`--inspect*`), and not where the C library is not glibc.
+ * not under a debugger (`--inspect*`), not without the permission to read `/proc/self` (`--allow-all`),
+ * and not where the C library is not glibc; the start-up log says so ({@link arenaLimitMissing}).
  */
 
 /** The arenas the server runs with unless `MALLOC_ARENA_MAX` says otherwise. */
 export const ARENA_LIMIT = 2;
+
+/**
+ * Set in the restarted process's environment: there is no second restart even where the C library
+ * drops `MALLOC_ARENA_MAX` (a binary given capabilities runs in glibc's secure mode).
+ */
+const RESTARTED = "VSERVE_ARENA_RESTART";
 
 const NUL = 0;
 
@@ -39,7 +46,7 @@ export function restartWithArenaLimit(): void {
   let args: Uint8Array[];
   let env: Uint8Array[];
   try {
-    if (Deno.env.get("MALLOC_ARENA_MAX") !== undefined) return;
+    if (Deno.env.get("MALLOC_ARENA_MAX") !== undefined || Deno.env.get(RESTARTED) !== undefined) return;
     // The arguments and environment as the process got them, byte for byte.
     args = split(Deno.readFileSync("/proc/self/cmdline"));
     env = split(Deno.readFileSync("/proc/self/environ"));
@@ -59,10 +66,34 @@ export function restartWithArenaLimit(): void {
   }
   const encode = (s: string) => new TextEncoder().encode(s + "\0");
   const argv = args.map((a) => withNul(a));
-  const envp = [...env.map((e) => withNul(e)), encode(`MALLOC_ARENA_MAX=${ARENA_LIMIT}`)];
-  // Returns only when it failed: the process then goes on with glibc's default.
+  const envp = [
+    ...env.map((e) => withNul(e)),
+    encode(`MALLOC_ARENA_MAX=${ARENA_LIMIT}`),
+    encode(`${RESTARTED}=1`),
+  ];
+  // Returns only when it failed: the process then goes on with glibc's default (logged at start).
   libc.symbols.execve(encode("/proc/self/exe"), pointers(argv), pointers(envp));
   libc.close();
+}
+
+/**
+ * Why the process runs without the arena limit, or null when it has one (or is not on Linux):
+ * for the start-up log.
+ *
+ * @example
+ * ```ts
+ * const why = arenaLimitMissing(); // null after restartWithArenaLimit() restarted the process
+ * ```
+ */
+export function arenaLimitMissing(): string | null {
+  if (Deno.build.os !== "linux") return null;
+  try {
+    if (Deno.env.get("MALLOC_ARENA_MAX") !== undefined) return null;
+  } catch {
+    return "the environment cannot be read (--allow-env)";
+  }
+  return "MALLOC_ARENA_MAX is not set and the restart that sets it did not happen (under --inspect, " +
+    "without --allow-all, or not glibc): native memory freed on many threads may stay resident";
 }
 
 /** The NUL-separated strings of a `/proc` file. */

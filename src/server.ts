@@ -15,6 +15,7 @@ import {
   onSlicedJsonEnd,
 } from "./http/errors.ts";
 import { clip, matchRoute } from "./http/router.ts";
+import { whenBodyRead } from "./http/body.ts";
 import type { RouteInfo } from "./http/openapi.ts";
 import { EngineInputError, EngineUpstreamError } from "./engines/types.ts";
 import type { Logger } from "./log.ts";
@@ -49,8 +50,15 @@ export function createServer(deps: ServerDeps): ServerHandler {
     deps.onRequest?.();
     const url = new URL(req.url);
     const { ctx, untrack } = startRequest(req, info, deps);
-    // Counted from the drain check to the answer's end: the drain waits for these.
+    // API requests are counted from the drain check to the answer's end, and as unread until their
+    // handler has read the body or finished: the listener closes only when none is unread.
     let counted = false;
+    let unread = false;
+    const read = () => {
+      if (!unread) return;
+      unread = false;
+      if (--deps.lifecycle.unread === 0) deps.lifecycle.onRead?.();
+    };
     let res: Response;
     let rateHeaders: Record<string, string> = {};
     try {
@@ -64,7 +72,9 @@ export function createServer(deps: ServerDeps): ServerHandler {
         refuseWhileDraining(route, deps);
         if (route.auth === "v1") {
           deps.lifecycle.inFlight++;
-          counted = true;
+          deps.lifecycle.unread++;
+          counted = unread = true;
+          whenBodyRead(req, read);
         }
         // A request to a model waits its turn in a burst (event_loop.ts); `/health` never does.
         const turn = route.auth === "v1" ? ingress.admit() : undefined;
@@ -77,18 +87,27 @@ export function createServer(deps: ServerDeps): ServerHandler {
       const shape = routes.find((r) => r.errors && r.path === url.pathname)?.errors;
       res = shape ? shape(error, ctx.id) : errorResponse(error);
     }
-    addHeaders(req, res, ctx, rateHeaders, deps.corsOrigins);
-    const done = accessLog(req, url, res, ctx, started, untrack, deps);
-    return untilBodyEnds(
-      res,
-      !counted ? done : (cut) => {
-        try {
-          done(cut);
-        } finally {
-          if (--deps.lifecycle.inFlight === 0) deps.lifecycle.onIdle?.();
-        }
-      },
-    );
+    // A handler that returned has read what body it needed.
+    read();
+    let handedOff = false;
+    try {
+      addHeaders(req, res, ctx, rateHeaders, deps.corsOrigins);
+      const done = accessLog(req, url, res, ctx, started, untrack, deps);
+      const answered = untilBodyEnds(
+        res,
+        !counted ? done : (cut) => {
+          try {
+            done(cut);
+          } finally {
+            deps.lifecycle.inFlight--;
+          }
+        },
+      );
+      handedOff = true;
+      return answered;
+    } finally {
+      if (counted && !handedOff) deps.lifecycle.inFlight--;
+    }
   };
   return Object.assign(handler, { routes: routeInfo(routes) });
 }

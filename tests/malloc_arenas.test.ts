@@ -50,6 +50,22 @@ serverTest("an operator's MALLOC_ARENA_MAX is kept (no second start)", async () 
   }
 });
 
+serverTest(
+  "no second restart once restarted (secure mode may drop MALLOC_ARENA_MAX); the log says so",
+  async () => {
+    if (!linux) return;
+    const server = await startServer(["--models", await writeJsonFile({ models: [] })], {
+      env: { VSERVE_ARENA_RESTART: "1" },
+    });
+    try {
+      assert.ok(!environOf(server).some((e) => e.startsWith("MALLOC_ARENA_MAX=")));
+      assert.ok(server.logs.some((l) => l.includes("malloc arenas are not limited")));
+    } finally {
+      await server.stop();
+    }
+  },
+);
+
 serverTest("schema-constrained requests leave the process's memory bounded", async () => {
   if (!linux) return;
   const registry = await writeJsonFile({

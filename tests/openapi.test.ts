@@ -16,7 +16,7 @@ const handler = createServer({
   opsNeedKey: false,
   log: silentLogger,
   metrics: new Metrics(),
-  lifecycle: { draining: false, shutdown: new AbortController().signal, inFlight: 0 },
+  lifecycle: { draining: false, shutdown: new AbortController().signal, inFlight: 0, unread: 0 },
   bodyLimitBytes: 1 << 20,
   maxEmbeddingInputs: 16,
   maxQueue: 4,

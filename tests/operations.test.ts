@@ -203,7 +203,8 @@ serverTest("SIGTERM during a stream: the stream completes, new requests are refu
     async (r) => (await r.body?.cancel(), r.status),
     () => "refused",
   );
-  assert.equal(refused, 503, "a new request during the drain is answered 503");
+  // 503 while a request still reads its body, else refused (the listener has closed).
+  assert.ok(refused === 503 || refused === "refused", `new request during drain: ${refused}`);
   const data = eventData(await stream.rest());
   assert.equal(data.at(-1), "[DONE]");
   assert.equal(data.at(-2).choices[0].finish_reason, "length", "the stream ran to its end");

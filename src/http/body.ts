@@ -20,6 +20,39 @@ import { JsonBodyError, parseJsonInSlices } from "./json_slices.ts";
  * ```
  */
 export async function readJsonBody(req: Request, limitBytes: number, timeoutMs = 0): Promise<unknown> {
+  try {
+    return await readJson(req, limitBytes, timeoutMs);
+  } finally {
+    bodyDone(req);
+  }
+}
+
+/** Who waits for a request's body to be read: see {@link whenBodyRead}. */
+const bodyWaiters = new WeakMap<Request, () => void>();
+
+/**
+ * Calls `done` once {@link readJsonBody} has read `req`'s body or given up on it (the server's
+ * drain closes the listener only then: `Deno.serve`'s shutdown makes a body not read yet unreadable).
+ *
+ * @example
+ * ```ts
+ * function watch(req: Request) {
+ *   whenBodyRead(req, () => console.log("body in"));
+ * }
+ * ```
+ */
+export function whenBodyRead(req: Request, done: () => void): void {
+  bodyWaiters.set(req, done);
+}
+
+function bodyDone(req: Request): void {
+  const done = bodyWaiters.get(req);
+  if (!done) return;
+  bodyWaiters.delete(req);
+  done();
+}
+
+async function readJson(req: Request, limitBytes: number, timeoutMs: number): Promise<unknown> {
   const type = req.headers.get("content-type") ?? "";
   if (!/^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i.test(type)) {
     throw new ApiError(

@@ -24,13 +24,16 @@ export interface Lifecycle {
   draining: boolean;
   /** Aborts every in-flight request when the drain time is over. */
   shutdown: AbortSignal;
-  /**
-   * API requests past the drain check whose answers have not ended. The drain keeps the listener
-   * open until they are done: `Deno.serve`'s shutdown makes a request body not yet read unreadable.
-   */
+  /** API requests past the drain check whose answers have not ended. */
   inFlight: number;
-  /** Called each time {@link inFlight} drops to 0 (the drain sets it). */
-  onIdle?: () => void;
+  /**
+   * Of those, the ones whose handlers have neither read their bodies nor finished: the drain and a
+   * TLS reload close a listener only when there are none (`Deno.serve`'s shutdown makes a request
+   * body not read yet unreadable).
+   */
+  unread: number;
+  /** Called each time {@link unread} drops to 0. */
+  onRead?: () => void;
 }
 
 /** Everything the server needs, passed in. */
