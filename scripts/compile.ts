@@ -56,6 +56,9 @@ const args = [
   "src/exit_guard_worker.ts",
   "--include",
   "src/services/schema_worker.ts",
+  // Imported by main.ts with import() after the arena restart (a literal, so in the graph as well).
+  "--include",
+  "src/cli.ts",
   ...excludes.flatMap((e) => ["--exclude", e]),
   "main.ts",
 ];

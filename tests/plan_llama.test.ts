@@ -12,11 +12,9 @@ import { silentLogger } from "../src/log.ts";
 import { loadConfig } from "../src/config.ts";
 import { parseRegistry } from "../src/registry.ts";
 import { resolveSource } from "../src/models/sources.ts";
-import { captureLlamaLog, llamaRuntime } from "../src/engines/llama/runtime.ts";
+import { llamaRuntime } from "../src/engines/llama/runtime.ts";
 import { backendDevices, MODEL_PARAMS, openLlamaLibrary } from "../src/engines/llama/ffi.ts";
 import { placementParams } from "../src/engines/llama/native.ts";
-import { LlamaChatEngine } from "../src/engines/llama/chat.ts";
-import { LlamaEmbeddingEngine } from "../src/engines/llama/embedding.ts";
 import { writeGgufHeaderOnly } from "../src/models/gguf_writer.ts";
 import { loadQwen3Vocab } from "../src/models/qwen3_vocab.ts";
 import { PRESETS } from "../src/models/presets.ts";
@@ -32,7 +30,8 @@ import { type Json, startServer } from "./helpers/server.ts";
 import { serverTest } from "./helpers/assert.ts";
 
 const CACHE = new URL("../models/cache", import.meta.url).pathname;
-const llama = await llamaRuntime("cpu", silentLogger);
+// The runtime loads the ggml backends the library below lists.
+await llamaRuntime("cpu", silentLogger);
 const lib = openLlamaLibrary();
 const cpu = backendDevices(lib).find((d) => d.type === "CPU")!;
 
@@ -73,20 +72,35 @@ async function builtin(name: string): Promise<string> {
 
 // ---- real loads through the engines ----
 
+/**
+ * llama.cpp's load log of an engine, loaded in a process of its own (tests/helpers/load_log_child.ts):
+ * in this one, another test module of the parallel run may hold llama.cpp's process-wide log callback.
+ */
+async function loadLogged(
+  kind: "chat" | "embedding",
+  options: Record<string, unknown>,
+): Promise<LlamaAllocations> {
+  const child = new URL("./helpers/load_log_child.ts", import.meta.url).pathname;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-all", child, JSON.stringify({ kind, options })],
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  const log = new TextDecoder().decode(out.stderr);
+  assert.equal(out.code, 0, `the load failed:\n${log.slice(-2000)}`);
+  return parseLlamaLog(log.split("\n").map((l) => l.trim()).filter(Boolean));
+}
+
 Deno.test("plan vs llama.cpp, tiny-moe chat engine (hybrid: KV in the attention layer, state in DeltaNet layers)", async () => {
   const path = await builtin("tiny-moe");
   const plan = await planOf({ id: "m", kind: "chat", source: path, contextSize: 4096, parallel: 4 }, path);
-  const capture = captureLlamaLog(llama);
-  const engine = await LlamaChatEngine.load(lib, {
+  const a = await loadLogged("chat", {
     modelPath: path,
     gpuLayers: 0,
     threads: 1,
     parallel: 4,
     contextSize: 4096,
-    log: silentLogger,
   });
-  const a = parseLlamaLog(await capture.stop());
-  await engine.dispose();
   assert.ok(plan.devices.CPU.recurrent > 0 && plan.devices.CPU.checkpoints > 0);
   assertPlanMatches(plan.devices.CPU, a, "tiny-moe");
 });
@@ -94,17 +108,13 @@ Deno.test("plan vs llama.cpp, tiny-moe chat engine (hybrid: KV in the attention 
 Deno.test("plan vs llama.cpp, tiny-chat chat engine (dense Qwen3)", async () => {
   const path = await builtin("tiny-chat");
   const plan = await planOf({ id: "m", kind: "chat", source: path, contextSize: 8192, parallel: 2 }, path);
-  const capture = captureLlamaLog(llama);
-  const engine = await LlamaChatEngine.load(lib, {
+  const a = await loadLogged("chat", {
     modelPath: path,
     gpuLayers: 0,
     threads: 1,
     parallel: 2,
     contextSize: 8192,
-    log: silentLogger,
   });
-  const a = parseLlamaLog(await capture.stop());
-  await engine.dispose();
   assert.equal(plan.devices.CPU.recurrent, 0);
   assertPlanMatches(plan.devices.CPU, a, "tiny-chat");
 });
@@ -112,8 +122,7 @@ Deno.test("plan vs llama.cpp, tiny-chat chat engine (dense Qwen3)", async () => 
 Deno.test("plan vs llama.cpp, spec-embed embedding engine (4096 wide, tied head, 64 sequences)", async () => {
   const path = await builtin("spec-embed");
   const plan = await planOf({ id: "e", kind: "embedding", source: path, maxInputTokens: 8192 }, path);
-  const capture = captureLlamaLog(llama);
-  const engine = await LlamaEmbeddingEngine.load(lib, {
+  const a = await loadLogged("embedding", {
     modelPath: path,
     gpuLayers: 0,
     threads: 1,
@@ -121,8 +130,6 @@ Deno.test("plan vs llama.cpp, spec-embed embedding engine (4096 wide, tied head,
     // The plan is of the main context: the short one (scheduling.md) is not in it yet.
     shortPass: "off",
   });
-  const a = parseLlamaLog(await capture.stop());
-  await engine.dispose();
   assertPlanMatches(plan.devices.CPU, a, "spec-embed");
 });
 
