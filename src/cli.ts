@@ -118,7 +118,7 @@ export async function main(): Promise<number> {
     new Promise<void>((resolve) => {
       if (lifecycle.unread === 0) return resolve();
       readWaiters.push(resolve);
-      setTimeout(resolve, ms);
+      Deno.unrefTimer(setTimeout(resolve, ms));
     });
   // Every local engine takes its compute steps in turn from this one arbiter (weighted fair share).
   const computeShare = new ComputeShare();

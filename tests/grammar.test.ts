@@ -679,6 +679,29 @@ Deno.test("the output check runs off the event loop: a catastrophic pattern is c
     // The worker stopped the check itself and answered the next one: not replaced. (Ended from outside,
     // its thread would go on backtracking: Deno's terminate() does not stop running JavaScript.)
     assert.equal(checker.started, 1, "one worker");
+    // The same schema again is answered as cut off at once, before any timer: no worker time.
+    const again = checker.check({ type: "string", not: { pattern: "^(a+)+$" } }, `${"a".repeat(41)}!`);
+    const first = await Promise.race([again, new Promise((r) => setTimeout(() => r("late"), 0))]);
+    assert.ok(typeof first === "object" && first !== null && "timedOut" in first && first.timedOut);
+    assert.equal(checker.timedOut, 2);
+  } finally {
+    checker.close();
+  }
+});
+
+Deno.test("a check still queued when its request ends is dropped, ahead of the costly one before it", async () => {
+  const checker = new SchemaChecker({ timeoutMs: 500 });
+  try {
+    const order: string[] = [];
+    const gone = new AbortController();
+    const stuck = checker.check({ type: "string", not: { pattern: "^(a|aa)+$" } }, `${"a".repeat(40)}!`)
+      .then((r) => (order.push("costly"), r));
+    const queued = checker.check({ type: "integer" }, 3, gone.signal).then((r) => (order.push("dropped"), r));
+    gone.abort();
+    const [r, q] = await Promise.all([stuck, queued]);
+    assert.ok(!r.ok && r.timedOut);
+    assert.deepEqual(q, { ok: false, reason: "the request ended before the check" });
+    assert.deepEqual(order, ["dropped", "costly"]);
   } finally {
     checker.close();
   }

@@ -66,7 +66,7 @@ export async function runChat(req: ChatRequest, engine: ChatEngine, ctx: ChatCon
   const job = await toJob(req, ctx.defaultThinking, ctx.signal);
   job.streamed = req.stream === true;
   job.requestId = ctx.requestId;
-  const check = outputCheck(req, job);
+  const check = outputCheck(req, job, ctx.signal);
   const id = `chatcmpl-${crypto.randomUUID().replaceAll("-", "")}`;
   // The stream's own controller also stops generation when the consumer goes away.
   const abort = new AbortController();
@@ -195,7 +195,7 @@ function failed(r: CheckResult, param: string): Fault | undefined {
  * response format, and the parameters of calls that must follow their schema (forced calls and
  * `strict` tools). Output cut by max_tokens is not checked (it cannot be complete).
  */
-function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
+function outputCheck(req: ChatRequest, job: ChatJob, signal: AbortSignal): OutputCheck | undefined {
   const schema = job.output.type === "json_schema" ? job.output.schema : undefined;
   const forced = job.toolChoice === "required" || typeof job.toolChoice === "object";
   const toolSchemas = new Map(
@@ -215,7 +215,10 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
       } catch {
         return { text: "the content is not JSON" };
       }
-      const fault = failed(await checkAgainstSchema(schema, value), "response_format.json_schema.schema");
+      const fault = failed(
+        await checkAgainstSchema(schema, value, signal),
+        "response_format.json_schema.schema",
+      );
       if (fault) return { ...fault, text: `response_format: ${fault.text}` };
     }
     for (const call of message.tool_calls ?? []) {
@@ -228,7 +231,7 @@ function outputCheck(req: ChatRequest, job: ChatJob): OutputCheck | undefined {
         return { text: `the arguments of ${call.function.name} are not JSON` };
       }
       const param = `tools[${toolIndex(call.function.name)}].function.parameters`;
-      const fault = failed(await checkAgainstSchema(params, value), param);
+      const fault = failed(await checkAgainstSchema(params, value, signal), param);
       if (fault) return { ...fault, text: `${call.function.name}: ${fault.text}` };
     }
     return undefined;

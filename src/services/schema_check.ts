@@ -16,6 +16,13 @@ export type { CheckResult };
 const CHECK_TIMEOUT_MS = 10_000;
 /** Time past a check's own limit after which its worker is given up on. */
 const BACKSTOP_MS = 5_000;
+/**
+ * Schemas whose check ran out of time are remembered (at most this many, for {@link CUT_OFF_MS}):
+ * a later check of the same schema is answered as cut off at once, so a client that repeats one
+ * costly schema costs the one worker its limit once, not on every request.
+ */
+const CUT_OFF_KEYS = 256;
+const CUT_OFF_MS = 10 * 60_000;
 
 /**
  * How long an idle worker is kept, its compiled validators with it (starting one takes about 200 ms:
@@ -27,6 +34,15 @@ interface Queued {
   key: string;
   value: unknown;
   resolve: (r: CheckResult) => void;
+}
+
+/** The answer for a check cut off after `ms`. */
+function cutOff(ms: number): CheckResult {
+  return {
+    ok: false,
+    reason: `checking the output against the schema took longer than ${ms / 1000} s`,
+    timedOut: true,
+  };
 }
 
 /**
@@ -60,7 +76,9 @@ export class SchemaChecker {
   #next = 0;
   /** Ends the note that the worker is at work (loading or checking): see {@link helperWork}. */
   #busy?: () => void;
-  /** Checks cut off so far (by their time limit). */
+  /** Schemas whose check ran out of time, with when. */
+  readonly #cutOff = new Map<string, number>();
+  /** Checks cut off so far (by their time limit, or answered so for a schema that was). */
   timedOut = 0;
   /** Workers started so far. */
   started = 0;
@@ -70,12 +88,41 @@ export class SchemaChecker {
     this.#idleMs = opts.idleMs ?? IDLE_MS;
   }
 
-  /** Whether `value` satisfies `schema`; the reason when it does not (or could not be checked). */
-  check(schema: unknown, value: unknown): Promise<CheckResult> {
+  /**
+   * Whether `value` satisfies `schema`; the reason when it does not (or could not be checked). A
+   * check still waiting when `signal` aborts (its client went away) is dropped from the queue.
+   */
+  check(schema: unknown, value: unknown, signal?: AbortSignal): Promise<CheckResult> {
+    const key = JSON.stringify(schema);
+    const cut = this.#cutOff.get(key);
+    if (cut !== undefined && performance.now() - cut < CUT_OFF_MS) {
+      this.timedOut++;
+      return Promise.resolve(cutOff(this.#timeoutMs));
+    }
     return new Promise((resolve) => {
-      this.#queue.push({ key: JSON.stringify(schema), value, resolve });
+      if (signal?.aborted) return resolve({ ok: false, reason: "the request ended before the check" });
+      const job: Queued = { key, value, resolve };
+      const drop = () => {
+        const at = this.#queue.indexOf(job);
+        if (at < 0) return;
+        this.#queue.splice(at, 1);
+        resolve({ ok: false, reason: "the request ended before the check" });
+      };
+      signal?.addEventListener("abort", drop, { once: true });
+      job.resolve = (r) => {
+        signal?.removeEventListener("abort", drop);
+        resolve(r);
+      };
+      this.#queue.push(job);
       this.#pump();
     });
+  }
+
+  /** Remembers that `key`'s check ran out of time (see {@link CUT_OFF_KEYS}). */
+  #noteCutOff(key: string): void {
+    this.#cutOff.delete(key);
+    this.#cutOff.set(key, performance.now());
+    if (this.#cutOff.size > CUT_OFF_KEYS) this.#cutOff.delete(this.#cutOff.keys().next().value!);
   }
 
   /**
@@ -121,13 +168,10 @@ export class SchemaChecker {
     const deadline = setTimeout(() => {
       // The worker did not stop the check itself: it is given up on, the next check gets a new one.
       this.timedOut++;
+      this.#noteCutOff(job.key);
       this.#running = undefined;
       this.#stop();
-      job.resolve({
-        ok: false,
-        reason: `checking the output against the schema took longer than ${this.#timeoutMs / 1000} s`,
-        timedOut: true,
-      });
+      job.resolve(cutOff(this.#timeoutMs));
       this.#pump();
     }, this.#timeoutMs + BACKSTOP_MS);
     this.#running = { id, job, deadline };
@@ -152,7 +196,10 @@ export class SchemaChecker {
       clearTimeout(running.deadline);
       this.#running = undefined;
       this.#setBusy(false);
-      if (!reply.result.ok && reply.result.timedOut) this.timedOut++;
+      if (!reply.result.ok && reply.result.timedOut) {
+        this.timedOut++;
+        this.#noteCutOff(running.job.key);
+      }
       running.job.resolve(reply.result);
       if (this.#queue.length > 0) this.#pump();
       else {
@@ -209,8 +256,12 @@ const checker = new SchemaChecker();
  * await checkAgainstSchema({ type: "array", uniqueItems: true }, [1, 1]); // { ok: false, reason: "…" }
  * ```
  */
-export function checkAgainstSchema(schema: unknown, value: unknown): Promise<CheckResult> {
-  return checker.check(schema, value);
+export function checkAgainstSchema(
+  schema: unknown,
+  value: unknown,
+  signal?: AbortSignal,
+): Promise<CheckResult> {
+  return checker.check(schema, value, signal);
 }
 
 /** Loads the output check's worker ahead of a check (a request that will need one has arrived). */
