@@ -72,7 +72,9 @@ export function restartWithArenaLimit(): void {
     encode(`${RESTARTED}=1`),
   ];
   // Returns only when it failed: the process then goes on with glibc's default (logged at start).
-  libc.symbols.execve(encode("/proc/self/exe"), pointers(argv), pointers(envp));
+  // By its path, not /proc/self/exe: the kernel names the process after the file it executed, and
+  // `ps -C deno`, `pgrep deno` and `killall` go by that name ("exe" otherwise).
+  libc.symbols.execve(encode(Deno.execPath()), pointers(argv), pointers(envp));
   libc.close();
 }
 

@@ -31,6 +31,9 @@ serverTest("the server runs with MALLOC_ARENA_MAX=2, in the process it was start
     assert.equal(health.status, 200);
     const cmdline = new TextDecoder().decode(Deno.readFileSync(`/proc/${server.pid}/cmdline`));
     assert.ok(cmdline.includes("main.ts\0--port\0"), "the same arguments");
+    // Named after its executable, as before the restart (`ps -C deno`, `pgrep deno`).
+    const comm = Deno.readTextFileSync(`/proc/${server.pid}/comm`).trim();
+    assert.equal(comm, Deno.execPath().split("/").at(-1)!.slice(0, 15));
   } finally {
     await server.stop();
   }
