@@ -9,7 +9,7 @@ import { EngineInputError } from "../src/engines/types.ts";
 import { gbnfLiteral, GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
 import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
 import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
-import { checkAgainstSchema, SchemaChecker } from "../src/services/schema_check.ts";
+import { checkAgainstSchema, pickChecker, SchemaChecker, SPILL_MS } from "../src/services/schema_check.ts";
 import { helpersBusy } from "../src/event_loop.ts";
 
 const model = await loadGrammarModel();
@@ -669,13 +669,16 @@ Deno.test("the output check runs off the event loop: a catastrophic pattern is c
     let ticks = 0;
     const timer = setInterval(() => ticks++, 5);
     const stuck = checker.check({ type: "string", not: { pattern: "^(a+)+$" } }, `${"a".repeat(40)}!`);
+    // The same schema queued meanwhile is answered as cut off with it, not checked for its own limit.
+    const twin = checker.check({ type: "string", not: { pattern: "^(a+)+$" } }, `${"a".repeat(39)}!`);
     const next = checker.check({ type: "string", maxLength: 3 }, "abcd");
-    const [r, n] = await Promise.all([stuck, next]);
+    const [r, t, n] = await Promise.all([stuck, twin, next]);
+    assert.ok(!t.ok && t.timedOut, JSON.stringify(t));
     clearInterval(timer);
     assert.ok(!r.ok && r.timedOut, JSON.stringify(r));
     assert.ok(ticks > 0, "the event loop ran while the check was stuck");
     assert.ok(!n.ok && !n.timedOut, "the check after it ran");
-    assert.equal(checker.timedOut, 1);
+    assert.equal(checker.timedOut, 2);
     // The worker stopped the check itself and answered the next one: not replaced. (Ended from outside,
     // its thread would go on backtracking: Deno's terminate() does not stop running JavaScript.)
     assert.equal(checker.started, 1, "one worker");
@@ -683,9 +686,30 @@ Deno.test("the output check runs off the event loop: a catastrophic pattern is c
     const again = checker.check({ type: "string", not: { pattern: "^(a+)+$" } }, `${"a".repeat(41)}!`);
     const first = await Promise.race([again, new Promise((r) => setTimeout(() => r("late"), 0))]);
     assert.ok(typeof first === "object" && first !== null && "timedOut" in first && first.timedOut);
-    assert.equal(checker.timedOut, 2);
+    assert.equal(checker.timedOut, 3);
   } finally {
     checker.close();
+  }
+});
+
+Deno.test("a check behind one that has run long goes to a second worker, answered before it", async () => {
+  const checkers = [new SchemaChecker({ timeoutMs: 4000 }), new SchemaChecker({ timeoutMs: 4000 })];
+  try {
+    const order: string[] = [];
+    const costly = pickChecker(checkers).check(
+      { type: "string", not: { pattern: "^(a|aa)+$" } },
+      `${"a".repeat(44)}!`,
+    )
+      .then((r) => (order.push("costly"), r));
+    while (checkers[0].busyMs() <= SPILL_MS) await new Promise((r) => setTimeout(r, 20));
+    const plain = pickChecker(checkers).check({ type: "integer" }, 3).then((r) => (order.push("plain"), r));
+    const [c, p] = await Promise.all([costly, plain]);
+    assert.ok(!c.ok && c.timedOut);
+    assert.deepEqual(p, { ok: true });
+    assert.deepEqual(order, ["plain", "costly"]);
+    assert.deepEqual(checkers.map((c) => c.started), [1, 1]);
+  } finally {
+    for (const c of checkers) c.close();
   }
 });
 

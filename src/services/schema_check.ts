@@ -69,23 +69,34 @@ export class SchemaChecker {
   #worker?: Worker;
   /** Whether the worker has loaded (a check's time limit starts when it is sent to a ready worker). */
   #ready = false;
-  #running?: { id: number; job: Queued; deadline: ReturnType<typeof setTimeout> };
+  #running?: { id: number; job: Queued; deadline: ReturnType<typeof setTimeout>; since: number };
   #idle?: ReturnType<typeof setTimeout>;
   /** The turn that will start the worker ({@link warm}). */
   #warming?: ReturnType<typeof setTimeout>;
   #next = 0;
   /** Ends the note that the worker is at work (loading or checking): see {@link helperWork}. */
   #busy?: () => void;
-  /** Schemas whose check ran out of time, with when. */
-  readonly #cutOff = new Map<string, number>();
+  /** Schemas whose check ran out of time, with when (shared by the checkers of one server). */
+  readonly #cutOff: Map<string, number>;
   /** Checks cut off so far (by their time limit, or answered so for a schema that was). */
   timedOut = 0;
   /** Workers started so far. */
   started = 0;
 
-  constructor(opts: { timeoutMs?: number; idleMs?: number } = {}) {
+  constructor(opts: { timeoutMs?: number; idleMs?: number; cutOff?: Map<string, number> } = {}) {
     this.#timeoutMs = opts.timeoutMs ?? CHECK_TIMEOUT_MS;
     this.#idleMs = opts.idleMs ?? IDLE_MS;
+    this.#cutOff = opts.cutOff ?? new Map();
+  }
+
+  /** How long the check in progress has run, ms (0: none); see {@link checkAgainstSchema}. */
+  busyMs(): number {
+    return this.#running ? performance.now() - this.#running.since : 0;
+  }
+
+  /** Checks waiting for the one in progress. */
+  get waiting(): number {
+    return this.#queue.length;
   }
 
   /**
@@ -118,11 +129,21 @@ export class SchemaChecker {
     });
   }
 
-  /** Remembers that `key`'s check ran out of time (see {@link CUT_OFF_KEYS}). */
+  /**
+   * Remembers that `key`'s check ran out of time (see {@link CUT_OFF_KEYS}), and answers the checks of
+   * it that wait meanwhile.
+   */
   #noteCutOff(key: string): void {
     this.#cutOff.delete(key);
     this.#cutOff.set(key, performance.now());
     if (this.#cutOff.size > CUT_OFF_KEYS) this.#cutOff.delete(this.#cutOff.keys().next().value!);
+    const same = this.#queue.filter((job) => job.key === key);
+    if (same.length === 0) return;
+    this.#queue.splice(0, this.#queue.length, ...this.#queue.filter((job) => job.key !== key));
+    for (const job of same) {
+      this.timedOut++;
+      job.resolve(cutOff(this.#timeoutMs));
+    }
   }
 
   /**
@@ -174,7 +195,7 @@ export class SchemaChecker {
       job.resolve(cutOff(this.#timeoutMs));
       this.#pump();
     }, this.#timeoutMs + BACKSTOP_MS);
-    this.#running = { id, job, deadline };
+    this.#running = { id, job, deadline, since: performance.now() };
     this.#setBusy(true);
     worker.postMessage(
       { id, key: job.key, value: job.value, timeoutMs: this.#timeoutMs } satisfies CheckRequest,
@@ -245,7 +266,31 @@ export class SchemaChecker {
   }
 }
 
-const checker = new SchemaChecker();
+/**
+ * A check in progress for longer than this sends later checks to a second worker (started on
+ * demand), so that one costly check (up to its 10 s) holds no other request's: a drill's plain
+ * check waited 29 s behind three costly ones.
+ */
+export const SPILL_MS = 250;
+const cutOffShared = new Map<string, number>();
+const checkers = [new SchemaChecker({ cutOff: cutOffShared }), new SchemaChecker({ cutOff: cutOffShared })];
+
+/**
+ * The checker a new check goes to: the first one not held by a check for over {@link SPILL_MS},
+ * else the one with the fewest waiting.
+ *
+ * @example
+ * ```ts
+ * function route(checkers: SchemaChecker[]) {
+ *   return pickChecker(checkers).check({ type: "integer" }, 3);
+ * }
+ * ```
+ */
+export function pickChecker(checkers: readonly SchemaChecker[]): SchemaChecker {
+  const free = checkers.find((c) => c.busyMs() <= SPILL_MS);
+  if (free) return free;
+  return checkers.reduce((a, b) => (b.waiting < a.waiting ? b : a));
+}
 
 /**
  * Whether `value` satisfies `schema`, checked off the server's thread ({@link SchemaChecker}); the
@@ -261,12 +306,12 @@ export function checkAgainstSchema(
   value: unknown,
   signal?: AbortSignal,
 ): Promise<CheckResult> {
-  return checker.check(schema, value, signal);
+  return pickChecker(checkers).check(schema, value, signal);
 }
 
 /** Loads the output check's worker ahead of a check (a request that will need one has arrived). */
 export function warmSchemaCheck(): void {
-  checker.warm();
+  checkers[0].warm();
 }
 
 /** Bounds on a schema a request may carry (OpenAI's own are lower: 5 levels, 1,000 enum values). */
