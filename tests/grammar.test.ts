@@ -732,7 +732,7 @@ Deno.test("a check still queued when its request ends is dropped, ahead of the c
 });
 
 Deno.test("warming the output check starts its worker in a turn of its own, not in the request's", async () => {
-  // `new Worker` holds the thread 29-58 ms: it must not add to the work of the turn that asked.
+  // `new Worker` holds the thread (9-11 ms, more on a busy host): not in the work of the turn that asked.
   const checker = new SchemaChecker();
   try {
     checker.warm();
