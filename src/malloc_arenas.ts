@@ -58,6 +58,7 @@ export function restartWithArenaLimit(): void {
   let libc;
   try {
     libc = Deno.dlopen("libc.so.6", {
+      // Not called: bound so that the open fails where the C library is not glibc.
       gnu_get_libc_version: { parameters: [], result: "pointer" },
       execve: { parameters: ["buffer", "buffer", "buffer"], result: "i32" },
     });

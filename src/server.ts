@@ -89,25 +89,13 @@ export function createServer(deps: ServerDeps): ServerHandler {
     }
     // A handler that returned has read what body it needed.
     read();
-    let handedOff = false;
-    try {
-      addHeaders(req, res, ctx, rateHeaders, deps.corsOrigins);
-      const done = accessLog(req, url, res, ctx, started, untrack, deps);
-      const answered = untilBodyEnds(
-        res,
-        !counted ? done : (cut) => {
-          try {
-            done(cut);
-          } finally {
-            deps.lifecycle.inFlight--;
-          }
-        },
-      );
-      handedOff = true;
-      return answered;
-    } finally {
-      if (counted && !handedOff) deps.lifecycle.inFlight--;
-    }
+    addHeaders(req, res, ctx, rateHeaders, deps.corsOrigins);
+    const done = accessLog(req, url, res, ctx, started, untrack, deps);
+    if (!counted) return untilBodyEnds(res, done);
+    return untilBodyEnds(res, (cut) => {
+      deps.lifecycle.inFlight--;
+      done(cut);
+    });
   };
   return Object.assign(handler, { routes: routeInfo(routes) });
 }

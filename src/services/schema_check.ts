@@ -36,6 +36,9 @@ interface Queued {
   resolve: (r: CheckResult) => void;
 }
 
+/** The answer for a check whose request ended while it waited. */
+const GONE: CheckResult = { ok: false, reason: "the request ended before the check" };
+
 /** The answer for a check cut off after `ms`. */
 function cutOff(ms: number): CheckResult {
   return {
@@ -111,13 +114,13 @@ export class SchemaChecker {
       return Promise.resolve(cutOff(this.#timeoutMs));
     }
     return new Promise((resolve) => {
-      if (signal?.aborted) return resolve({ ok: false, reason: "the request ended before the check" });
+      if (signal?.aborted) return resolve(GONE);
       const job: Queued = { key, value, resolve };
       const drop = () => {
         const at = this.#queue.indexOf(job);
         if (at < 0) return;
         this.#queue.splice(at, 1);
-        resolve({ ok: false, reason: "the request ended before the check" });
+        resolve(GONE);
       };
       signal?.addEventListener("abort", drop, { once: true });
       job.resolve = (r) => {
@@ -130,19 +133,24 @@ export class SchemaChecker {
   }
 
   /**
-   * Remembers that `key`'s check ran out of time (see {@link CUT_OFF_KEYS}), and answers the checks of
-   * it that wait meanwhile.
+   * Answers `job`, whose check ran out of time, and the checks of its schema that wait meanwhile, as
+   * cut off; remembers the schema (see {@link CUT_OFF_KEYS}).
    */
-  #noteCutOff(key: string): void {
-    this.#cutOff.delete(key);
-    this.#cutOff.set(key, performance.now());
+  #cutOffJob(job: Queued): void {
+    this.#cutOff.delete(job.key);
+    this.#cutOff.set(job.key, performance.now());
     if (this.#cutOff.size > CUT_OFF_KEYS) this.#cutOff.delete(this.#cutOff.keys().next().value!);
-    const same = this.#queue.filter((job) => job.key === key);
-    if (same.length === 0) return;
-    this.#queue.splice(0, this.#queue.length, ...this.#queue.filter((job) => job.key !== key));
-    for (const job of same) {
+    const same = [job, ...this.#queue.filter((j) => j.key === job.key)];
+    if (same.length > 1) {
+      this.#queue.splice(
+        0,
+        this.#queue.length,
+        ...this.#queue.filter((j) => j.key !== job.key),
+      );
+    }
+    for (const j of same) {
       this.timedOut++;
-      job.resolve(cutOff(this.#timeoutMs));
+      j.resolve(cutOff(this.#timeoutMs));
     }
   }
 
@@ -188,11 +196,9 @@ export class SchemaChecker {
     const id = this.#next++;
     const deadline = setTimeout(() => {
       // The worker did not stop the check itself: it is given up on, the next check gets a new one.
-      this.timedOut++;
-      this.#noteCutOff(job.key);
       this.#running = undefined;
       this.#stop();
-      job.resolve(cutOff(this.#timeoutMs));
+      this.#cutOffJob(job);
       this.#pump();
     }, this.#timeoutMs + BACKSTOP_MS);
     this.#running = { id, job, deadline, since: performance.now() };
@@ -217,11 +223,8 @@ export class SchemaChecker {
       clearTimeout(running.deadline);
       this.#running = undefined;
       this.#setBusy(false);
-      if (!reply.result.ok && reply.result.timedOut) {
-        this.timedOut++;
-        this.#noteCutOff(running.job.key);
-      }
-      running.job.resolve(reply.result);
+      if (!reply.result.ok && reply.result.timedOut) this.#cutOffJob(running.job);
+      else running.job.resolve(reply.result);
       if (this.#queue.length > 0) this.#pump();
       else {
         this.#idle = setTimeout(() => this.#stop(), this.#idleMs);
