@@ -400,6 +400,53 @@ serverTest(
 );
 
 serverTest(
+  "output a backtracking regex engine takes 2^45 steps on is checked at once: 200s, /health answering",
+  async () => {
+    // A drill's attack: the model is steered into a run of `a`s, which V8's RegExp took 10 s (then a
+    // 400) to test against `(a+)+b$` (2^n ways to split the run, tried from each of its starts).
+    const bias: Record<number, number> = {};
+    for (const text of ["a", "aa", "aaaa", "aaaaaaaa"]) {
+      const tokenized = await post("/tokenize", { model: CHAT, content: text, add_special: false });
+      const ids = tokenized.body.tokens as number[];
+      if (ids.length === 1) bias[ids[0]] = 100;
+    }
+    assert.ok(Object.keys(bias).length >= 2, JSON.stringify(bias));
+    const schemas: Schema[] = [
+      { type: "string", minLength: 45, maxLength: 45, not: { pattern: "(a+)+b$" } },
+      { type: "string", minLength: 45, maxLength: 45, not: { pattern: "(a|aa)+!$" } },
+      {
+        type: "object",
+        properties: { k: { type: "string", minLength: 45, maxLength: 45 } },
+        required: ["k"],
+        additionalProperties: false,
+        propertyNames: { not: { pattern: "(a*)*b" } },
+        not: { properties: { k: { pattern: "(a|a)+b" } } },
+      },
+    ];
+    const stallsBefore = await stallsOver50ms();
+    const prober = healthProber();
+    const answers = await Promise.all(schemas.map((schema) =>
+      post("/v1/chat/completions", {
+        ...chatWith(schema),
+        max_tokens: 60,
+        logit_bias: bias,
+        chat_template_kwargs: { enable_thinking: false },
+        seed: 3,
+      })
+    ));
+    const healthy = await prober.stop();
+    for (const res of answers) {
+      assert.equal(res.status, 200, JSON.stringify(res.body).slice(0, 400));
+      const content = res.body.choices[0].message.content as string;
+      // The run the backtracking engine would have split every way.
+      assert.ok(content.includes("a".repeat(40)), content);
+    }
+    assert.ok(healthy > 0, "no /health answer came");
+    assert.equal(await stallsOver50ms() - stallsBefore, 0, "the event loop was held over 50 ms");
+  },
+);
+
+serverTest(
   "SIGTERM while schemas compile: the requests in flight are answered 400, the server exits 0",
   async () => {
     // A server of its own: it is stopped here. The drain time is short so that on the old code (the

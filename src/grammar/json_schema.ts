@@ -12,14 +12,15 @@
  *   `const`/`enum` tag keeps apart. {@link JsonGrammar.validated} names each one met.
  * Anything else is refused (a {@link GrammarError} naming the keyword and where it is), as is
  * any schema the output check could not compile (a keyword value of the wrong kind, a pattern that is
- * not an ECMA-262 regular expression, a $ref that points nowhere).
+ * not an ECMA-262 regular expression or that the grammar's automata cannot take, wherever it is, a
+ * $ref that points nowhere).
  */
 import { type Budget, COSTS } from "./budget.ts";
 import { GrammarError, type GrammarErrorCode } from "./errors.ts";
 import { gbnfLiteral, GbnfRules, MAX_REPETITION } from "./gbnf.ts";
 import { measureSchema, resolvePointer } from "./measure.ts";
 import { EmptyRangeError, multipleOfInteger, numberRange } from "./ranges.ts";
-import { PatternError, patternRules } from "./regex.ts";
+import { PatternError, PatternMatcher, patternRules, PatternTooLargeError } from "./regex.ts";
 
 /** Keywords that only describe: skipped. */
 const ANNOTATIONS = new Set([
@@ -106,10 +107,10 @@ const FORMATS: Record<string, string> = {
 };
 
 /**
- * The output check's own test of each format (as in services/schema_check.ts), as patterns: a pattern
+ * The output check's test of each format (services/schema_ajv.ts runs them), as patterns: a pattern
  * or length bounds next to a format are intersected with it, so what the grammar allows passes both.
  */
-const FORMAT_CHECKS: Record<string, string> = {
+export const FORMAT_CHECKS: Readonly<Record<string, string>> = {
   date: "^\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])$",
   time: "^([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d+)?([zZ]|[+-]([01]\\d|2[0-3]):[0-5]\\d)$",
   "date-time":
@@ -270,6 +271,23 @@ export class JsonGrammar {
         // V8 quotes the whole pattern in its message: only the reason is kept.
         const reason = (e as Error).message.replace(/^Invalid regular expression: \/.*\/[a-z]*: /s, "");
         bad(path, key, `is not a valid regular expression (ECMA-262, unicode mode): ${reason.slice(0, 200)}`);
+      }
+      // The output check tests every pattern with the grammar's automaton (linear in the text, where
+      // V8's backtracking can take exponential time): what it cannot take is refused here, wherever
+      // the pattern is, as the grammar refuses it where it enforces one.
+      this.#budget.charge((source as string).length * COSTS.char, "parsing its patterns");
+      try {
+        PatternMatcher.measure(source as string);
+      } catch (e) {
+        if (e instanceof PatternTooLargeError) {
+          this.#fail(ctx, e.message, "schema_too_large", { keyword: key.split("/")[0], path });
+        }
+        if (!(e instanceof PatternError)) throw e;
+        const what = key === "pattern" ? "pattern" : `keyword '${key}'`;
+        this.#fail(ctx, `The JSON schema ${what} at ${path} cannot be enforced: ${e.message}.`, undefined, {
+          keyword: key.split("/")[0],
+          path,
+        });
       }
     };
     while (stack.length > 0) {

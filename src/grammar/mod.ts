@@ -21,6 +21,7 @@ export { measureSchema, resolvePointer, type SchemaMeasure } from "./measure.ts"
 export { gbnfClass, gbnfLiteral, GbnfRules, textWithout } from "./gbnf.ts";
 export { LruCache } from "./lru.ts";
 export {
+  FORMAT_CHECKS,
   GRAMMAR_KEYWORDS,
   JsonGrammar,
   mergeSchemas,
@@ -31,6 +32,7 @@ export {
   AutomatonCache,
   PATTERN_LIMITS,
   PatternError,
+  PatternMatcher,
   patternRules,
   PatternTooLargeError,
   type Slices,

@@ -61,6 +61,11 @@ function normalize(set: CharSet): CharSet {
 
 /** Every character a JSON string can hold (code points, without lone surrogates). */
 const ANY: CharSet = [[0, 0xd7ff], [0xe000, MAX_CODE]];
+/**
+ * Every code point, lone surrogates included: what the unanchored ends of a pattern skip (the
+ * grammar's alphabet leaves the surrogates out; a tested text may hold one).
+ */
+const EVERYTHING: CharSet = [[0, MAX_CODE]];
 
 function complement(set: CharSet): CharSet {
   const out: CharSet = [];
@@ -86,10 +91,19 @@ function intersectSets(a: CharSet, b: CharSet): CharSet {
 const cp = (ch: string) => ch.codePointAt(0)!;
 const DIGIT: CharSet = [[0x30, 0x39]];
 const WORD: CharSet = normalize([[0x61, 0x7a], [0x41, 0x5a], [0x30, 0x39], [0x5f, 0x5f]]);
-const SPACE: CharSet = normalize([[0x20, 0x20], [0x09, 0x0d], [0xa0, 0xa0], [0xfeff, 0xfeff], [
-  0x2028,
-  0x2029,
-]]);
+/** ECMA-262's WhiteSpace and LineTerminator: what `\s` matches. */
+const SPACE: CharSet = normalize([
+  [0x09, 0x0d],
+  [0x20, 0x20],
+  [0xa0, 0xa0],
+  [0x1680, 0x1680],
+  [0x2000, 0x200a],
+  [0x2028, 0x2029],
+  [0x202f, 0x202f],
+  [0x205f, 0x205f],
+  [0x3000, 0x3000],
+  [0xfeff, 0xfeff],
+]);
 const DOT: CharSet = complement([[0x0a, 0x0a], [0x0d, 0x0d], [0x2028, 0x2029]]);
 
 /** The parsed pattern: optional start lookaheads, the body, and its anchors. */
@@ -122,23 +136,56 @@ class Parser {
     return false;
   }
 
+  /**
+   * The pattern: one branch, or several (`^a|b$` is `(^a)|(b$)`, as in ECMA-262: each top-level
+   * alternative has its own anchors), written as one anchored alternation of them.
+   */
   pattern(): Pattern {
+    const branches = [this.branch()];
+    while (this.eat("|")) branches.push(this.branch());
+    if (!this.done) this.fail(`unexpected '${this.peek()}'`);
+    if (branches.length === 1) return branches[0];
+    if (branches.some((b) => b.lookaheads.length > 0)) {
+      this.fail("a lookahead in a pattern of several top-level alternatives");
+    }
+    const open: Node = { kind: "repeat", item: { kind: "set", set: EVERYTHING }, min: 0, max: undefined };
+    const items = branches.map((b): Node => ({
+      kind: "seq",
+      items: [...(b.anchoredStart ? [] : [open]), b.body, ...(b.anchoredEnd ? [] : [open])],
+    }));
+    return { lookaheads: [], body: { kind: "alt", items }, anchoredStart: true, anchoredEnd: true };
+  }
+
+  /** One top-level alternative: its start anchor and lookaheads, its body, its end anchor. */
+  branch(): Pattern {
     const anchoredStart = this.eat("^");
     const lookaheads: Pattern["lookaheads"] = [];
     while (this.peek() === "(" && this.peek(1) === "?" && (this.peek(2) === "=" || this.peek(2) === "!")) {
       if (!anchoredStart) this.fail("a lookahead that is not at the anchored start");
       this.#i += 2;
       const negative = this.src[this.#i++] === "!";
-      this.eat("^");
-      const node = this.alternation();
-      const anchoredEnd = this.eat("$");
+      const { node, anchoredEnd } = this.#lookahead();
       if (!this.eat(")")) this.fail("a missing ')'");
       lookaheads.push({ negative, node, anchoredEnd });
     }
-    const body = this.alternation();
+    const body = this.sequence();
     const anchoredEnd = this.eat("$");
-    if (!this.done) this.fail(`unexpected '${this.peek()}'`);
+    if (!this.done && this.peek() !== "|") this.fail(`unexpected '${this.peek()}'`);
     return { lookaheads, body, anchoredStart, anchoredEnd };
+  }
+
+  /** A start lookahead's inside: alternatives, each with its own end anchor (`(?=a|b$)`). */
+  #lookahead(): { node: Node; anchoredEnd: boolean } {
+    const parts: { node: Node; anchoredEnd: boolean }[] = [];
+    do {
+      this.eat("^"); // the lookahead is at the start already
+      const node = this.sequence();
+      parts.push({ node, anchoredEnd: this.eat("$") });
+    } while (this.eat("|"));
+    if (parts.length === 1) return parts[0];
+    const open: Node = { kind: "repeat", item: { kind: "set", set: EVERYTHING }, min: 0, max: undefined };
+    const items = parts.map((p): Node => p.anchoredEnd ? p.node : { kind: "seq", items: [p.node, open] });
+    return { node: { kind: "alt", items }, anchoredEnd: true };
   }
 
   alternation(): Node {
@@ -150,7 +197,7 @@ class Parser {
   sequence(): Node {
     const items: Node[] = [];
     while (!this.done && this.peek() !== "|" && this.peek() !== ")") {
-      if (this.peek() === "$" && (this.#i === this.src.length - 1 || this.peek(1) === ")")) break;
+      if (this.peek() === "$" && (this.#i === this.src.length - 1 || /[|)]/.test(this.peek(1)!))) break;
       items.push(this.quantified(this.atom()));
     }
     return items.length === 0 ? { kind: "empty" } : items.length === 1 ? items[0] : { kind: "seq", items };
@@ -1038,4 +1085,204 @@ export function patternRules(
   rules.define(name, `${name}-S0`);
   rules.addText((json ? automaton.json : automaton.raw).join(name), automaton.states);
   return name;
+}
+
+/** Automaton states a matcher keeps built; past them it starts over (its work stays linear). */
+const MATCHER_STATES = 2048;
+
+/**
+ * One automaton of a {@link PatternMatcher}: the pattern's nondeterministic automaton, whose
+ * deterministic states are built as a text needs them (a set of its states each) and kept, up to
+ * {@link MATCHER_STATES}. A text costs at most one state's construction per character, each bounded
+ * by the automaton's size: no backtracking.
+ */
+class LazyDfa {
+  readonly #nfa = new Nfa();
+  readonly #end: number;
+  readonly #alphabet: CharSet;
+  /** Whether the automaton ends with "anything after" (then a match is known at its first accept). */
+  readonly #openEnd: boolean;
+  #sets: number[][] = [];
+  #index = new Map<string, number>();
+  #next: Map<number, number>[] = [];
+  #accepting: boolean[] = [];
+  readonly #mark: Int32Array;
+  #stamp = 0;
+
+  constructor(node: Node, anyBefore: boolean, anyAfter: boolean) {
+    const any: Node = { kind: "repeat", item: { kind: "set", set: EVERYTHING }, min: 0, max: undefined };
+    let at = this.#nfa.add();
+    if (anyBefore) at = this.#nfa.build(any, at);
+    at = this.#nfa.build(node, at);
+    this.#end = anyAfter ? this.#nfa.build(any, at) : at;
+    this.#openEnd = anyAfter;
+    const cuts = new Set<number>([0, MAX_CODE + 1]);
+    for (const s of setsOf(node)) for (const [a, b] of s) cuts.add(a).add(b + 1);
+    const points = [...cuts].sort((a, b) => a - b);
+    this.#alphabet = points.slice(0, -1).map((p, i): [number, number] => [p, points[i + 1] - 1]);
+    this.#mark = new Int32Array(this.#nfa.edges.length);
+  }
+
+  /** States of the nondeterministic automaton. */
+  get size(): number {
+    return this.#nfa.edges.length;
+  }
+
+  /** Deterministic states built by the last {@link test} (the rest were built before and kept). */
+  built = 0;
+
+  /** Whether the whole of `text` is a string of the automaton. */
+  test(text: string): boolean {
+    this.built = 0;
+    this.#reset();
+    let state = this.#intern(this.#closure([0]));
+    for (const ch of text) {
+      if (this.#openEnd && this.#accepting[state]) return true;
+      const letter = firstLetterFrom(this.#alphabet, ch.codePointAt(0)!);
+      let to = this.#next[state].get(letter);
+      if (to === undefined) {
+        const moved = this.#move(this.#sets[state], this.#alphabet[letter]);
+        if (this.#sets.length >= MATCHER_STATES) {
+          this.#reset();
+          state = -1;
+        }
+        to = this.#intern(this.#closure(moved));
+        if (state >= 0) this.#next[state].set(letter, to);
+      }
+      if (this.#sets[to].length === 0) return false;
+      state = to;
+    }
+    return this.#accepting[state];
+  }
+
+  #reset(): void {
+    if (this.#sets.length < MATCHER_STATES && this.#sets.length > 0) return;
+    this.#sets = [];
+    this.#index = new Map();
+    this.#next = [];
+    this.#accepting = [];
+  }
+
+  #intern(set: number[]): number {
+    const key = set.join(",");
+    let id = this.#index.get(key);
+    if (id === undefined) {
+      id = this.#sets.length;
+      this.built++;
+      this.#index.set(key, id);
+      this.#sets.push(set);
+      this.#next.push(new Map());
+      this.#accepting.push(set.includes(this.#end));
+    }
+    return id;
+  }
+
+  #move(set: readonly number[], letter: [number, number]): number[] {
+    const out: number[] = [];
+    for (const s of set) for (const e of this.#nfa.edges[s]) if (inSet(e.set, letter)) out.push(e.to);
+    return out;
+  }
+
+  #closure(seeds: readonly number[]): number[] {
+    const stamp = ++this.#stamp;
+    const out: number[] = [];
+    const stack: number[] = [];
+    for (const s of seeds) if (this.#mark[s] !== stamp) (this.#mark[s] = stamp), stack.push(s);
+    while (stack.length) {
+      const s = stack.pop()!;
+      out.push(s);
+      for (const t of this.#nfa.eps[s]) if (this.#mark[t] !== stamp) (this.#mark[t] = stamp), stack.push(t);
+    }
+    return out.sort((a, b) => a - b);
+  }
+}
+
+/** The states {@link Nfa.build} adds for `node`. */
+function nfaStates(node: Node): number {
+  switch (node.kind) {
+    case "empty":
+      return 0;
+    case "set":
+      return 1;
+    case "seq":
+      return node.items.reduce((n, item) => n + nfaStates(item), 0);
+    case "alt":
+      return node.items.reduce((n, item) => n + nfaStates(item), 1);
+    case "repeat": {
+      const one = nfaStates(node.item);
+      return node.min * one + 1 + (node.max === undefined ? one : (node.max - node.min) * one);
+    }
+  }
+}
+
+/**
+ * A JSON Schema `pattern` as the output check tests it, in time linear in the text whatever the
+ * pattern: the automaton the grammar is built from, run a character at a time (no backtracking, so
+ * no pattern can make a check take exponential time). It takes the patterns the grammar takes and
+ * refuses the rest ({@link PatternError}, {@link PatternTooLargeError}), and matches as ECMA-262's
+ * unicode mode does, but that a lone surrogate in the text matches no character class.
+ *
+ * @example
+ * ```ts
+ * const m = PatternMatcher.compile("^(a+)+b$");
+ * m.test("a".repeat(10_000) + "!"); // false, at once
+ * ```
+ */
+export class PatternMatcher {
+  /** The body, then each start lookahead (`negative`: the text must not match it). */
+  readonly #parts: { dfa: LazyDfa; negative: boolean }[];
+
+  private constructor(parts: { dfa: LazyDfa; negative: boolean }[], readonly states: number) {
+    this.#parts = parts;
+  }
+
+  /**
+   * Whether {@link compile} would take `source`, without building anything: throws what it would
+   * throw, else returns the automaton states it would build. Parsing only: linear in the pattern.
+   */
+  static measure(source: string): number {
+    return PatternMatcher.#measured(PatternMatcher.#parse(source));
+  }
+
+  /** The matcher of `source`; throws for a pattern the grammar could not take either. */
+  static compile(source: string): PatternMatcher {
+    const p = PatternMatcher.#parse(source);
+    const states = PatternMatcher.#measured(p);
+    const parts = [
+      { dfa: new LazyDfa(p.body, !p.anchoredStart, !p.anchoredEnd), negative: false },
+      ...p.lookaheads.map((l) => ({ dfa: new LazyDfa(l.node, false, !l.anchoredEnd), negative: l.negative })),
+    ];
+    return new PatternMatcher(parts, states);
+  }
+
+  static #parse(source: string): Pattern {
+    if (source.length > PATTERN_LIMITS.maxLength) {
+      throw new PatternTooLargeError(`a pattern is longer than ${PATTERN_LIMITS.maxLength} characters`);
+    }
+    return new Parser(source).pattern();
+  }
+
+  /** The states the automata of `p` take (as {@link Nfa.build} writes them), within the limit. */
+  static #measured(p: Pattern): number {
+    const ends = (anyBefore: boolean, anyAfter: boolean) => 1 + (anyBefore ? 2 : 0) + (anyAfter ? 2 : 0);
+    const states = nfaStates(p.body) + ends(!p.anchoredStart, !p.anchoredEnd) +
+      p.lookaheads.reduce((n, l) => n + nfaStates(l.node) + ends(false, !l.anchoredEnd), 0);
+    if (states > PATTERN_LIMITS.maxNfaStates) {
+      throw new PatternTooLargeError(
+        `a pattern needs over ${PATTERN_LIMITS.maxNfaStates} automaton states once its repetitions are written out`,
+      );
+    }
+    return states;
+  }
+
+  /** Whether `text` matches the pattern (anywhere in it, unless anchored), as JSON Schema means. */
+  test(text: string): boolean {
+    for (const part of this.#parts) part.dfa.built = 0;
+    return this.#parts.every((part) => part.dfa.test(text) !== part.negative);
+  }
+
+  /** Automaton states the last {@link test} built: at most one a character of the text, a part. */
+  get built(): number {
+    return this.#parts.reduce((n, part) => n + part.dfa.built, 0);
+  }
 }

@@ -5,6 +5,8 @@
  * and checking a value can take as long as a client's patterns make it.
  */
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
+import type { RegExpLike, SchemaValidateFunction } from "ajv/dist/types";
+import { FORMAT_CHECKS, PatternMatcher } from "../grammar/mod.ts";
 
 /**
  * The outcome of one check; `overlap`: where (a JSON pointer into the value) the value matched several of a
@@ -12,7 +14,21 @@ import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
  */
 export type CheckResult = { ok: true } | { ok: false; reason: string; timedOut?: boolean; overlap?: string };
 
+/**
+ * Ajv's regular expressions for `pattern` and `patternProperties`: {@link PatternMatcher}, linear in
+ * the text, where V8's backtracking engine takes exponential time on patterns such as `^(a+)+b$`.
+ * Request validation refuses any pattern it cannot take; should one get here, compiling the schema
+ * throws and nothing is vouched for unchecked.
+ */
+const linearRegExp = Object.assign((source: string): RegExpLike => {
+  const matcher = PatternMatcher.compile(source);
+  // Ajv keys its compiled patterns by toString().
+  const like = { test: (text: string) => matcher.test(text), toString: () => `/${source}/u` };
+  return like;
+}, { code: "PatternMatcher" });
+
 const ajv = new Ajv2020({
+  code: { regExp: linearRegExp },
   strict: false,
   // Flat code: with allErrors false, ajv nests one `if` per keyword and property, and the code of an
   // object of 3,000 properties overflows the stack; validity is the same either way.
@@ -26,19 +42,50 @@ const ajv = new Ajv2020({
   // referenced a few dozen times is compiled into code a hundred times its size.
   inlineRefs: false,
 });
-// The string formats the grammar knows (ajv itself checks none without ajv-formats).
-const FORMATS: Record<string, RegExp> = {
-  date: /^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$/,
-  time: /^([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([zZ]|[+-]([01]\d|2[0-3]):[0-5]\d)$/,
-  "date-time":
-    /^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[tT ]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([zZ]|[+-]([01]\d|2[0-3]):[0-5]\d)$/,
-  uuid: /^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$/,
-  email: /^[^\s@]+@[^\s@]+\.[^\s@]+$/,
-  hostname: /^[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?)*$/,
-  ipv4: /^((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$/,
-  uri: /^[a-zA-Z][a-zA-Z0-9+.-]*:[^\s]*$/,
+// `uniqueItems` in time linear in the array: each item's canonical text (keys sorted) in a set, where
+// Ajv compares every pair of non-primitive items (a long array of objects took it seconds).
+const uniqueItems: SchemaValidateFunction = (schema: boolean, data: unknown[]): boolean => {
+  const seen = new Map<string, number>();
+  for (let j = 0; schema && j < data.length; j++) {
+    const key = canonicalJson(data[j]);
+    const i = seen.get(key);
+    if (i !== undefined) {
+      uniqueItems.errors = [{
+        keyword: "uniqueItems",
+        message: `must NOT have duplicate items (items ## ${j} and ${i} are identical)`,
+        params: { i: j, j: i },
+      }];
+      return false;
+    }
+    seen.set(key, j);
+  }
+  return true;
 };
-for (const [name, re] of Object.entries(FORMATS)) ajv.addFormat(name, re);
+ajv.removeKeyword("uniqueItems");
+ajv.addKeyword({
+  keyword: "uniqueItems",
+  type: "array",
+  schemaType: "boolean",
+  errors: true,
+  validate: uniqueItems,
+});
+
+/** JSON text of `v` with object keys sorted: equal texts for values JSON Schema calls equal. */
+export function canonicalJson(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(canonicalJson).join(",")}]`;
+  if (v !== null && typeof v === "object") {
+    const o = v as Record<string, unknown>;
+    return `{${Object.keys(o).sort().map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(",")}}`;
+  }
+  return JSON.stringify(v);
+}
+
+// The string formats the grammar knows (ajv itself checks none without ajv-formats), by the patterns
+// the grammar intersects with them, in linear time like every pattern.
+for (const [name, source] of Object.entries(FORMAT_CHECKS)) {
+  const matcher = PatternMatcher.compile(source);
+  ajv.addFormat(name, (text: string) => matcher.test(text));
+}
 const cache = new Map<string, ValidateFunction>();
 const CACHE_SIZE = 256;
 /** Most characters of a failure's reason (all errors are collected). */

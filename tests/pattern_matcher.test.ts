@@ -1,0 +1,157 @@
+/**
+ * The output check's pattern matcher (`PatternMatcher`): it must say what V8's own unicode-mode
+ * RegExp says on every pattern the grammar takes (random patterns and texts, fast-check), while
+ * taking time linear in the text where V8 backtracks exponentially. Patterns it cannot take are a
+ * 400 naming the keyword wherever they are in a schema, not only where the grammar enforces one.
+ */
+import assert from "node:assert/strict";
+import { fc } from "./helpers/clients.ts";
+import {
+  GrammarError,
+  JsonGrammar,
+  PatternError,
+  PatternMatcher,
+  PatternTooLargeError,
+} from "../src/grammar/mod.ts";
+import { validateJson } from "../src/services/schema_ajv.ts";
+
+/** Characters the patterns and texts are made of: ASCII, a line break, a non-ASCII letter, an astral one, a Unicode space. */
+const CHARS = ["a", "b", "c", "1", "_", " ", "\n", "é", "😀", "\u2003", "-", "."];
+
+const literal = fc.constantFrom("a", "b", "c", "1", "é", "😀", "\\.", "-", " ");
+const klass = fc.constantFrom(
+  ".",
+  "\\d",
+  "\\D",
+  "\\w",
+  "\\W",
+  "\\s",
+  "\\S",
+  "[ab]",
+  "[^ab]",
+  "[a-c1]",
+  "[^\\s]",
+  "[\\d_]",
+  "[é😀]",
+  "[^😀]",
+);
+const quantifier = fc.constantFrom("", "", "", "*", "+", "?", "{2}", "{0,2}", "{1,}", "*?", "+?");
+
+/** Random regular expressions in the grammar's subset: groups, alternation, quantifiers, anchors, start lookaheads. */
+const { pattern } = fc.letrec((tie) => ({
+  atom: fc.oneof(
+    { weight: 3, arbitrary: literal },
+    { weight: 2, arbitrary: klass },
+    { weight: 1, arbitrary: tie("alt").map((a) => `(${a})`) },
+    { weight: 1, arbitrary: tie("alt").map((a) => `(?:${a})`) },
+  ),
+  piece: fc.tuple(tie("atom"), quantifier).map(([a, q]) => `${a}${q}`),
+  seq: fc.array(tie("piece"), { minLength: 0, maxLength: 4 }).map((p) => p.join("")),
+  alt: fc.array(tie("seq"), { minLength: 1, maxLength: 3 }).map((s) => s.join("|")),
+  pattern: fc.tuple(
+    fc.boolean(),
+    fc.array(fc.tuple(fc.boolean(), tie("alt"), fc.boolean()), { maxLength: 2 }),
+    tie("alt"),
+    fc.boolean(),
+  ).map(([start, looks, body, end]) =>
+    (start || looks.length > 0 ? "^" : "") +
+    looks.map(([neg, a, anchored]) => `(?${neg ? "!" : "="}${a}${anchored ? "$" : ""})`).join("") +
+    // Lookaheads among several top-level alternatives are refused: the body is one group then.
+    (looks.length > 0 ? `(?:${body})` : body) + (end ? "$" : "")
+  ),
+}));
+const text = fc.array(fc.constantFrom(...CHARS), { maxLength: 10 }).map((c) => c.join(""));
+
+Deno.test("the pattern matcher says what V8's unicode RegExp says, on random patterns and texts", () => {
+  let compared = 0;
+  let refused = 0;
+  fc.assert(
+    fc.property(pattern, fc.array(text, { minLength: 1, maxLength: 8 }), (source, texts) => {
+      let matcher: PatternMatcher;
+      try {
+        matcher = PatternMatcher.compile(source);
+      } catch (e) {
+        // The generator stays in the subset: no refusal is expected (counted below).
+        assert.ok(e instanceof PatternError, `${source}: ${e}`);
+        refused++;
+        return;
+      }
+      const re = new RegExp(source, "u");
+      for (const t of texts) {
+        assert.equal(matcher.test(t), re.test(t), `${JSON.stringify(source)} on ${JSON.stringify(t)}`);
+        compared++;
+      }
+    }),
+    { numRuns: 1500, seed: 26 },
+  );
+  assert.ok(compared > 5000 && refused === 0, `compared ${compared}, refused ${refused}`);
+});
+
+Deno.test("the pattern matcher takes one step a character where V8 backtracks exponentially", () => {
+  // Each pattern on its worst text: V8 would take 2^n steps (n = 40: minutes).
+  const cases: [string, string, boolean][] = [
+    ["^(a+)+b$", `${"a".repeat(40)}!`, false],
+    ["^(a|aa)+$", `${"a".repeat(40)}!`, false],
+    ["^(a*)*b$", "a".repeat(40), false],
+    ["^[^\\s@]+@[^\\s@]+\\.[^\\s@]+$", `a@${"a.".repeat(20_000)} `, false],
+    ["(a|b)*a(a|b){11}", "ab".repeat(5000), true],
+  ];
+  for (const [source, t, expected] of cases) {
+    const matcher = PatternMatcher.compile(source);
+    // Counted, not timed: the automaton states built stay within the text's length and the
+    // pattern's, where backtracking visits exponentially many.
+    assert.equal(matcher.test(t), expected, source);
+    assert.ok(matcher.built <= [...t].length + 1, `${source}: ${matcher.built} states built`);
+  }
+});
+
+Deno.test("the output check tests patterns and formats with the linear matcher", () => {
+  // Under `not`, in patternProperties, and a format: each would backtrack for minutes in V8.
+  const slow = `${"a".repeat(40)}!`;
+  assert.deepEqual(validateJson(JSON.stringify({ type: "string", not: { pattern: "^(a+)+b$" } }), slow), {
+    ok: true,
+  });
+  const keys = validateJson(
+    JSON.stringify({ type: "object", patternProperties: { "^(a|aa)+$": { type: "integer" } } }),
+    { [slow]: "x", aa: 1 },
+  );
+  assert.deepEqual(keys, { ok: true });
+  const email = validateJson(
+    JSON.stringify({ type: "string", format: "email" }),
+    `a@${"a.".repeat(20_000)} `,
+  );
+  assert.ok(!email.ok && /format "email"/.test(email.reason), JSON.stringify(email));
+  assert.deepEqual(validateJson(JSON.stringify({ type: "string", format: "email" }), "a@b.co"), { ok: true });
+  // A pattern matches anywhere unless anchored, as JSON Schema says.
+  assert.deepEqual(validateJson(JSON.stringify({ type: "string", pattern: "\\d+" }), "x12"), { ok: true });
+  assert.ok(!validateJson(JSON.stringify({ type: "string", pattern: "^\\d+$" }), "x12").ok);
+});
+
+Deno.test("a pattern the matcher cannot take is a 400 naming the keyword wherever it is in the schema", () => {
+  const refused = (schema: unknown, keyword: string, why: RegExp) =>
+    assert.throws(
+      () => new JsonGrammar().schema(schema, "response_format", "out"),
+      (e: Error) =>
+        e instanceof GrammarError && e.keyword === keyword && why.test(e.message) &&
+        e.param === "response_format",
+      JSON.stringify(schema),
+    );
+  refused(
+    { type: "string", not: { pattern: "^(a)\\1$" } },
+    "pattern",
+    /#\/not cannot be enforced: backreferences/,
+  );
+  refused({ type: "object", patternProperties: { "\\bx": {} } }, "patternProperties", /word boundaries/);
+  refused({ type: "string", not: { pattern: "(?<=a)b" } }, "pattern", /lookaround/);
+  refused({ type: "string", not: { pattern: "^\\p{L}+$" } }, "pattern", /the escape .\\p. is not supported/);
+  refused(
+    { type: "string", not: { pattern: "((a|b){200}){200}" } },
+    "pattern",
+    /over 20000 automaton states/,
+  );
+  assert.throws(() => PatternMatcher.compile("((a|b){200}){200}"), PatternTooLargeError);
+  // What it takes passes, under `not` too.
+  assert.ok(
+    new JsonGrammar().schema({ type: "string", not: { pattern: "^(a+)+b$" } }, "response_format", "out"),
+  );
+});
