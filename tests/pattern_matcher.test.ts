@@ -12,13 +12,34 @@ import {
   PatternError,
   PatternMatcher,
   PatternTooLargeError,
+  PatternWorkError,
 } from "../src/grammar/mod.ts";
-import { validateJson } from "../src/services/schema_ajv.ts";
+import { CHECK_WORK, validateJson } from "../src/services/schema_ajv.ts";
 
 /** Characters the patterns and texts are made of: ASCII, a line break, a non-ASCII letter, an astral one, a Unicode space. */
-const CHARS = ["a", "b", "c", "1", "_", " ", "\n", "é", "😀", "\u2003", "-", "."];
+const CHARS = ["a", "b", "c", "1", "_", " ", "\n", "é", "😀", "😃", "\u2003", "-", ".", "A", "]", "{", "\b"];
 
-const literal = fc.constantFrom("a", "b", "c", "1", "é", "😀", "\\.", "-", " ");
+const literal = fc.constantFrom(
+  "a",
+  "b",
+  "c",
+  "1",
+  "é",
+  "😀",
+  "\\.",
+  "-",
+  " ",
+  "\\x61",
+  "\\x41BC",
+  "\\u00e9",
+  "\\u{1F600}",
+  "\\ud83d\\ude00",
+  "\\cJ",
+  "\\n",
+  "\\{",
+  "\\}",
+  "\\]",
+);
 const klass = fc.constantFrom(
   ".",
   "\\d",
@@ -34,6 +55,16 @@ const klass = fc.constantFrom(
   "[\\d_]",
   "[é😀]",
   "[^😀]",
+  "[]",
+  "[^]",
+  "[\\b]",
+  "[-a]",
+  "[a-]",
+  "[\\]\\-]",
+  "[\\x61-\\x63]",
+  "[\\u{1F600}-\\u{1F64F}]",
+  "[\\ud83d\\ude00]",
+  "[^\\n\\cJ]",
 );
 const quantifier = fc.constantFrom("", "", "", "*", "+", "?", "{2}", "{0,2}", "{1,}", "*?", "+?");
 
@@ -154,4 +185,56 @@ Deno.test("a pattern the matcher cannot take is a 400 naming the keyword whereve
   assert.ok(
     new JsonGrammar().schema({ type: "string", not: { pattern: "^(a+)+b$" } }, "response_format", "out"),
   );
+});
+
+Deno.test("a test stopped part-way (a time limit) leaves the matcher sound for the next", async () => {
+  const vm = await import("node:vm");
+  const source = "(a|b)*a(a|b){14}$";
+  const matcher = PatternMatcher.compile(source);
+  // Random letters (a fixed sequence): each window of 15 is a state of its own, 2^15 of them.
+  let text = "";
+  for (let i = 0, x = 7; i < 400_000; i++) {
+    text += (x = (x * 1103515245 + 12345) % 2147483648) & 1024 ? "b" : "a";
+  }
+  const sandbox = vm.createContext({ run: () => matcher.test(text) });
+  // Stopped by V8 wherever it is, between any two updates of the states it keeps.
+  for (let i = 0; i < 5; i++) {
+    assert.throws(() => new vm.Script("run()").runInContext(sandbox, { timeout: 1 + i }), /timed out/);
+    for (const t of ["ab".repeat(20), `a${"b".repeat(14)}`, "b".repeat(20), `${"a".repeat(30)}b`]) {
+      assert.equal(matcher.test(t), new RegExp(source, "u").test(t), t);
+    }
+  }
+});
+
+Deno.test("a test's work is bounded by its allowance: a costly pattern on a long text stops at once", () => {
+  // 19,105 automaton states: each character builds a state of thousands of them (195 s on 100,000).
+  const matcher = PatternMatcher.compile("a(?:.{190}){100}$");
+  let text = "";
+  for (let i = 0; i < 100_000; i++) text += i % 50 === 7 ? "b" : "a";
+  const work = { left: 1_000_000 };
+  assert.throws(() => matcher.test(text, work), PatternWorkError);
+  assert.ok(work.left < 0 && work.left > -200_000, `${work.left}`);
+  // Through the output check: cut off as a check over its time limit is, naming the allowance.
+  const r = validateJson(JSON.stringify({ type: "string", not: { pattern: "a(?:.{190}){100}$" } }), text);
+  assert.deepEqual(r, {
+    ok: false,
+    reason: `its patterns took more than ${CHECK_WORK} steps`,
+    timedOut: true,
+  });
+  // The same matcher answers the next test.
+  assert.equal(matcher.test(`a${"x".repeat(19_000)}`), true);
+  assert.equal(matcher.test(`a${"x".repeat(18_000)}`), false);
+});
+
+Deno.test("patterns are charged to the schema budget by their automata: many large ones are a 400", () => {
+  const big = "(?:a{200}){99}0"; // 19,802 states, within the limit of one pattern
+  const patternProperties = Object.fromEntries(Array.from({ length: 5 }, (_, i) => [`${big}${i}`, {}]));
+  assert.throws(
+    () => new JsonGrammar().schema({ type: "object", patternProperties }, "response_format", "out"),
+    (e: Error) =>
+      e instanceof GrammarError && e.code === "schema_too_large" &&
+      /building the automata of its patterns takes more than the schema budget/.test(e.message),
+  );
+  const few = Object.fromEntries(Object.entries(patternProperties).slice(0, 2));
+  assert.ok(new JsonGrammar().schema({ type: "object", patternProperties: few }, "response_format", "out"));
 });

@@ -32,6 +32,11 @@ export const COSTS = {
   expandedNode: 10,
   /** One step of compiling a pattern automaton. */
   automatonStep: 1,
+  /**
+   * One state of a pattern's nondeterministic automaton, wherever the pattern is: the output check
+   * builds it (~0.5 µs, ~300 bytes) and tests the output with it. 80,000 states fill the budget.
+   */
+  patternState: 50,
 } as const;
 
 /**

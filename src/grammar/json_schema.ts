@@ -276,8 +276,9 @@ export class JsonGrammar {
       // V8's backtracking can take exponential time): what it cannot take is refused here, wherever
       // the pattern is, as the grammar refuses it where it enforces one.
       this.#budget.charge((source as string).length * COSTS.char, "parsing its patterns");
+      let states: number;
       try {
-        PatternMatcher.measure(source as string);
+        states = PatternMatcher.measure(source as string);
       } catch (e) {
         if (e instanceof PatternTooLargeError) {
           this.#fail(ctx, e.message, "schema_too_large", { keyword: key.split("/")[0], path });
@@ -289,6 +290,7 @@ export class JsonGrammar {
           path,
         });
       }
+      this.#budget.charge(states * COSTS.patternState, "building the automata of its patterns");
     };
     while (stack.length > 0) {
       const [node, path, depth] = stack.pop()!;

@@ -30,11 +30,13 @@ export {
 } from "./json_schema.ts";
 export {
   AutomatonCache,
+  type MatchWork,
   PATTERN_LIMITS,
   PatternError,
   PatternMatcher,
   patternRules,
   PatternTooLargeError,
+  PatternWorkError,
   type Slices,
   type SliceSource,
   timerSlices,

@@ -231,7 +231,7 @@ class Parser {
       case "(": {
         if (this.eat("?")) {
           if (this.eat(":")) { /* non-capturing */ }
-          else if (/^<[A-Za-z]\w*>/.test(this.src.slice(this.#i))) {
+          else if (/^<[A-Za-z_$][\w$]*>/.test(this.src.slice(this.#i))) {
             this.#i = this.src.indexOf(">", this.#i) + 1; // a named group matches the same strings
           } else this.fail("a lookaround inside the pattern");
         }
@@ -257,7 +257,10 @@ class Parser {
       case "\\": {
         const e = this.src[this.#i++];
         if (e === undefined) this.fail("a trailing backslash");
-        return { kind: "set", set: this.#escapeSet(e) ?? [[this.#escapeChar(e), this.#escapeChar(e)]] };
+        const set = this.#escapeSet(e);
+        if (set) return { kind: "set", set };
+        const code = this.#escapeChar(e, false);
+        return { kind: "set", set: [[code, code]] };
       }
       case "*":
       case "+":
@@ -297,28 +300,51 @@ class Parser {
     return undefined;
   }
 
-  #escapeChar(e: string): number {
+  /** The character of the escape `\e` (its first letter read), `inClass`: inside `[...]`. */
+  #escapeChar(e: string, inClass: boolean): number {
     const simple: Record<string, number> = { n: 10, r: 13, t: 9, f: 12, v: 11, "0": 0 };
     if (e in simple) return simple[e];
+    if (e === "b" && inClass) return 8; // backspace, as ECMA-262 reads \b in a class
     if (e === "b" || e === "B") this.fail("word boundaries have no grammar");
-    if (e === "x" || e === "u") {
-      const n = e === "x" ? 2 : 4;
-      const hex = this.src.slice(this.#i, this.#i + n);
-      if (!new RegExp(`^[0-9a-fA-F]{${n}}$`).test(hex)) this.fail(`a malformed \\${e} escape`);
-      this.#i += n;
-      return parseInt(hex, 16);
+    if (e === "c" && /^[A-Za-z]/.test(this.peek() ?? "")) return this.src.charCodeAt(this.#i++) % 32;
+    if (e === "x") return this.#hex(2, "x");
+    if (e === "u") {
+      if (this.eat("{")) {
+        const end = this.src.indexOf("}", this.#i);
+        const hex = end < 0 ? "" : this.src.slice(this.#i, end);
+        if (!/^[0-9a-fA-F]{1,6}$/.test(hex) || parseInt(hex, 16) > MAX_CODE) {
+          this.fail("a malformed \\u{} escape");
+        }
+        this.#i = end + 1;
+        return parseInt(hex, 16);
+      }
+      const unit = this.#hex(4, "u");
+      // A surrogate pair written as two escapes is one character, as in unicode mode.
+      if (unit >= 0xd800 && unit < 0xdc00 && /^\\u[dD][c-fC-F][0-9a-fA-F]{2}/.test(this.src.slice(this.#i))) {
+        this.#i += 2;
+        const low = this.#hex(4, "u");
+        return 0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00);
+      }
+      return unit;
     }
     if (/[1-9]/.test(e)) this.fail("backreferences have no grammar");
     if (/[A-Za-z]/.test(e)) this.fail(`the escape '\\${e}' is not supported`);
     return this.#codePoint(e);
   }
 
+  /** `n` hex digits of a `\x`/`\u` escape, as a number. */
+  #hex(n: number, e: string): number {
+    const hex = this.src.slice(this.#i, this.#i + n);
+    if (hex.length !== n || !/^[0-9a-fA-F]+$/.test(hex)) this.fail(`a malformed \\${e} escape`);
+    this.#i += n;
+    return parseInt(hex, 16);
+  }
+
   #class(): CharSet {
     const negated = this.eat("^");
     const items: CharSet = [];
-    let first = true;
-    while (!this.done && (this.peek() !== "]" || first)) {
-      first = false;
+    // `[]` matches nothing and `[^]` any character, as in ECMA-262 (a `]` first is no literal).
+    while (!this.done && this.peek() !== "]") {
       const ch = this.src[this.#i++];
       let lo: number;
       if (ch === "\\") {
@@ -328,12 +354,12 @@ class Parser {
           items.push(...set);
           continue;
         }
-        lo = this.#escapeChar(e);
+        lo = this.#escapeChar(e, true);
       } else lo = this.#codePoint(ch);
       if (this.peek() === "-" && this.peek(1) !== undefined && this.peek(1) !== "]") {
         this.#i++;
         const h = this.src[this.#i++];
-        const hi = h === "\\" ? this.#escapeChar(this.src[this.#i++]) : this.#codePoint(h);
+        const hi = h === "\\" ? this.#escapeChar(this.src[this.#i++], true) : this.#codePoint(h);
         if (hi < lo) this.fail("a class range out of order");
         items.push([lo, hi]);
       } else items.push([lo, lo]);
@@ -1089,12 +1115,28 @@ export function patternRules(
 
 /** Automaton states a matcher keeps built; past them it starts over (its work stays linear). */
 const MATCHER_STATES = 2048;
+/** Entries (nondeterministic states) of the kept states' sets, in all: the memory bound of the states kept. */
+const MATCHER_ENTRIES = 1_000_000;
+
+/**
+ * What tests of patterns may cost (one unit: a character read, or a nondeterministic state moved,
+ * closed over or keyed while a deterministic state is built); {@link PatternMatcher.test} takes one
+ * and throws {@link PatternWorkError} once it is spent.
+ */
+export interface MatchWork {
+  left: number;
+}
+
+/** The work allowance of {@link MatchWork} ran out. */
+export class PatternWorkError extends Error {
+  override name = "PatternWorkError";
+}
 
 /**
  * One automaton of a {@link PatternMatcher}: the pattern's nondeterministic automaton, whose
  * deterministic states are built as a text needs them (a set of its states each) and kept, up to
- * {@link MATCHER_STATES}. A text costs at most one state's construction per character, each bounded
- * by the automaton's size: no backtracking.
+ * {@link MATCHER_STATES} and {@link MATCHER_ENTRIES}. A text costs at most one state's construction
+ * per character, each bounded by the automaton's size: no backtracking.
  */
 class LazyDfa {
   readonly #nfa = new Nfa();
@@ -1103,11 +1145,17 @@ class LazyDfa {
   /** Whether the automaton ends with "anything after" (then a match is known at its first accept). */
   readonly #openEnd: boolean;
   #sets: number[][] = [];
+  #entries = 0;
   #index = new Map<string, number>();
   #next: Map<number, number>[] = [];
   #accepting: boolean[] = [];
-  readonly #mark: Int32Array;
+  readonly #mark: Uint32Array;
   #stamp = 0;
+  /**
+   * A test is under way (or was stopped, by a time limit, between two of its updates: the next
+   * test then starts from nothing rather than trust the states).
+   */
+  #busy = false;
 
   constructor(node: Node, anyBefore: boolean, anyAfter: boolean) {
     const any: Node = { kind: "repeat", item: { kind: "set", set: EVERYTHING }, min: 0, max: undefined };
@@ -1120,7 +1168,7 @@ class LazyDfa {
     for (const s of setsOf(node)) for (const [a, b] of s) cuts.add(a).add(b + 1);
     const points = [...cuts].sort((a, b) => a - b);
     this.#alphabet = points.slice(0, -1).map((p, i): [number, number] => [p, points[i + 1] - 1]);
-    this.#mark = new Int32Array(this.#nfa.edges.length);
+    this.#mark = new Uint32Array(this.#nfa.edges.length);
   }
 
   /** States of the nondeterministic automaton. */
@@ -1131,33 +1179,36 @@ class LazyDfa {
   /** Deterministic states built by the last {@link test} (the rest were built before and kept). */
   built = 0;
 
-  /** Whether the whole of `text` is a string of the automaton. */
-  test(text: string): boolean {
+  /** Whether the whole of `text` is a string of the automaton; charges `work` (see {@link MatchWork}). */
+  test(text: string, work: MatchWork): boolean {
     this.built = 0;
-    this.#reset();
-    let state = this.#intern(this.#closure([0]));
+    if (this.#busy || this.#sets.length >= MATCHER_STATES || this.#entries >= MATCHER_ENTRIES) this.#reset();
+    this.#busy = true;
+    let state = this.#intern(this.#closure([0], work));
     for (const ch of text) {
-      if (this.#openEnd && this.#accepting[state]) return true;
+      if (this.#openEnd && this.#accepting[state]) break;
+      if (--work.left < 0) throw new PatternWorkError("the pattern tests took too many steps");
       const letter = firstLetterFrom(this.#alphabet, ch.codePointAt(0)!);
       let to = this.#next[state].get(letter);
       if (to === undefined) {
-        const moved = this.#move(this.#sets[state], this.#alphabet[letter]);
-        if (this.#sets.length >= MATCHER_STATES) {
+        const moved = this.#move(this.#sets[state], this.#alphabet[letter], work);
+        if (this.#sets.length >= MATCHER_STATES || this.#entries >= MATCHER_ENTRIES) {
           this.#reset();
           state = -1;
         }
-        to = this.#intern(this.#closure(moved));
+        to = this.#intern(this.#closure(moved, work));
         if (state >= 0) this.#next[state].set(letter, to);
       }
-      if (this.#sets[to].length === 0) return false;
       state = to;
+      if (this.#sets[state].length === 0) break;
     }
+    this.#busy = false;
     return this.#accepting[state];
   }
 
   #reset(): void {
-    if (this.#sets.length < MATCHER_STATES && this.#sets.length > 0) return;
     this.#sets = [];
+    this.#entries = 0;
     this.#index = new Map();
     this.#next = [];
     this.#accepting = [];
@@ -1169,21 +1220,28 @@ class LazyDfa {
     if (id === undefined) {
       id = this.#sets.length;
       this.built++;
-      this.#index.set(key, id);
       this.#sets.push(set);
       this.#next.push(new Map());
       this.#accepting.push(set.includes(this.#end));
+      this.#entries += set.length;
+      // Last: a state is found by its key only once it is whole.
+      this.#index.set(key, id);
     }
     return id;
   }
 
-  #move(set: readonly number[], letter: [number, number]): number[] {
+  #move(set: readonly number[], letter: [number, number], work: MatchWork): number[] {
     const out: number[] = [];
     for (const s of set) for (const e of this.#nfa.edges[s]) if (inSet(e.set, letter)) out.push(e.to);
+    work.left -= set.length;
     return out;
   }
 
-  #closure(seeds: readonly number[]): number[] {
+  #closure(seeds: readonly number[], work: MatchWork): number[] {
+    if (this.#stamp >= 0xffff_fff0) {
+      this.#mark.fill(0);
+      this.#stamp = 0;
+    }
     const stamp = ++this.#stamp;
     const out: number[] = [];
     const stack: number[] = [];
@@ -1193,6 +1251,9 @@ class LazyDfa {
       out.push(s);
       for (const t of this.#nfa.eps[s]) if (this.#mark[t] !== stamp) (this.#mark[t] = stamp), stack.push(t);
     }
+    // Closing over, sorting and keying the set: a few units an entry.
+    work.left -= 4 * out.length;
+    if (work.left < 0) throw new PatternWorkError("the pattern tests took too many steps");
     return out.sort((a, b) => a - b);
   }
 }
@@ -1220,7 +1281,8 @@ function nfaStates(node: Node): number {
  * pattern: the automaton the grammar is built from, run a character at a time (no backtracking, so
  * no pattern can make a check take exponential time). It takes the patterns the grammar takes and
  * refuses the rest ({@link PatternError}, {@link PatternTooLargeError}), and matches as ECMA-262's
- * unicode mode does, but that a lone surrogate in the text matches no character class.
+ * unicode mode does, but that a lone surrogate in the text (a `\ud800` escape in JSON) matches only
+ * an escape of itself and the unanchored ends, not `.`, a negated class, `\S`, `\D` or `\W`.
  *
  * @example
  * ```ts
@@ -1275,10 +1337,19 @@ export class PatternMatcher {
     return states;
   }
 
-  /** Whether `text` matches the pattern (anywhere in it, unless anchored), as JSON Schema means. */
-  test(text: string): boolean {
+  /**
+   * Whether `text` matches the pattern (anywhere in it, unless anchored), as JSON Schema means.
+   * `work`: the allowance it draws on (by default, one of its own for this text), whose end throws
+   * {@link PatternWorkError}; a test stopped so, or by a time limit, leaves the matcher sound.
+   */
+  test(text: string, work: MatchWork = { left: PatternMatcher.workFor(text, this.states) }): boolean {
     for (const part of this.#parts) part.dfa.built = 0;
-    return this.#parts.every((part) => part.dfa.test(text) !== part.negative);
+    return this.#parts.every((part) => part.dfa.test(text, work) !== part.negative);
+  }
+
+  /** An allowance that no test of `text` can spend: a state built for each character, each whole. */
+  static workFor(text: string, states: number): number {
+    return (text.length + 1) * (5 * states + 1);
   }
 
   /** Automaton states the last {@link test} built: at most one a character of the text, a part. */

@@ -6,7 +6,7 @@
  */
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
 import type { RegExpLike, SchemaValidateFunction } from "ajv/dist/types";
-import { FORMAT_CHECKS, PatternMatcher } from "../grammar/mod.ts";
+import { FORMAT_CHECKS, type MatchWork, PatternMatcher, PatternWorkError } from "../grammar/mod.ts";
 
 /**
  * The outcome of one check; `overlap`: where (a JSON pointer into the value) the value matched several of a
@@ -22,10 +22,24 @@ export type CheckResult = { ok: true } | { ok: false; reason: string; timedOut?:
  */
 const linearRegExp = Object.assign((source: string): RegExpLike => {
   const matcher = PatternMatcher.compile(source);
+  compiledStates += matcher.states;
   // Ajv keys its compiled patterns by toString().
-  const like = { test: (text: string) => matcher.test(text), toString: () => `/${source}/u` };
+  const like = { test: (text: string) => matcher.test(text, work), toString: () => `/${source}/u` };
   return like;
 }, { code: "PatternMatcher" });
+
+/**
+ * Pattern work one check may do (units of {@link MatchWork}: ~27 ns each here, so about half a
+ * second at most). A pattern within the request limits (20,000 automaton states) on a long text can
+ * cost more: each character may build a state of thousands of entries (`a(?:.{190}){100}$` on 100,000
+ * characters: 195 s). The check is then cut off as a check over its time limit is (400
+ * `schema_too_large`), but at once rather than after 10 s.
+ */
+export const CHECK_WORK = 20_000_000;
+/** The allowance of the check running now. */
+const work: MatchWork = { left: CHECK_WORK };
+/** Automaton states of the patterns compiled since the last schema's compilation began. */
+let compiledStates = 0;
 
 const ajv = new Ajv2020({
   code: { regExp: linearRegExp },
@@ -70,24 +84,56 @@ ajv.addKeyword({
   validate: uniqueItems,
 });
 
-/** JSON text of `v` with object keys sorted: equal texts for values JSON Schema calls equal. */
+/**
+ * JSON text of `v` with object keys sorted: equal texts for values JSON Schema calls equal. Written
+ * with a stack of its own, not recursion: output may nest deeper than the call stack goes.
+ */
 export function canonicalJson(v: unknown): string {
-  if (Array.isArray(v)) return `[${v.map(canonicalJson).join(",")}]`;
-  if (v !== null && typeof v === "object") {
-    const o = v as Record<string, unknown>;
-    return `{${Object.keys(o).sort().map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`).join(",")}}`;
+  const out: string[] = [];
+  const stack: ({ text: string } | { value: unknown })[] = [{ value: v }];
+  while (stack.length > 0) {
+    const step = stack.pop()!;
+    if ("text" in step) {
+      out.push(step.text);
+      continue;
+    }
+    const x = step.value;
+    if (Array.isArray(x)) {
+      stack.push({ text: "]" });
+      for (let i = x.length - 1; i >= 0; i--) {
+        stack.push({ value: x[i] });
+        if (i > 0) stack.push({ text: "," });
+      }
+      stack.push({ text: "[" });
+    } else if (x !== null && typeof x === "object") {
+      const o = x as Record<string, unknown>;
+      const keys = Object.keys(o).sort();
+      stack.push({ text: "}" });
+      for (let i = keys.length - 1; i >= 0; i--) {
+        stack.push({ value: o[keys[i]] }, { text: `${JSON.stringify(keys[i])}:` });
+        if (i > 0) stack.push({ text: "," });
+      }
+      stack.push({ text: "{" });
+    } else out.push(JSON.stringify(x));
   }
-  return JSON.stringify(v);
+  return out.join("");
 }
 
 // The string formats the grammar knows (ajv itself checks none without ajv-formats), by the patterns
 // the grammar intersects with them, in linear time like every pattern.
 for (const [name, source] of Object.entries(FORMAT_CHECKS)) {
   const matcher = PatternMatcher.compile(source);
-  ajv.addFormat(name, (text: string) => matcher.test(text));
+  ajv.addFormat(name, (text: string) => matcher.test(text, work));
 }
-const cache = new Map<string, ValidateFunction>();
+/** Compiled schemas by their JSON text: the validator, the schema object Ajv keeps it under, and its weight. */
+const cache = new Map<string, { validate: ValidateFunction; schema: object; weight: number }>();
 const CACHE_SIZE = 256;
+/**
+ * Most pattern automaton states the kept validators may hold (a state takes ~300 bytes): a schema of
+ * many large patterns is not kept beside 255 others.
+ */
+const CACHE_STATES = 200_000;
+let cachedStates = 0;
 /** Most characters of a failure's reason (all errors are collected). */
 const MAX_REASON = 1000;
 
@@ -130,22 +176,38 @@ export function toDraft2020(schema: unknown): unknown {
  * ```
  */
 export function validateJson(key: string, value: unknown): CheckResult {
-  let validate = cache.get(key);
-  if (validate) cache.delete(key);
+  let entry = cache.get(key);
+  if (entry) cache.delete(key);
   else {
+    compiledStates = 0;
+    const schema = toDraft2020(JSON.parse(key)) as object;
     try {
-      validate = ajv.compile(toDraft2020(JSON.parse(key)) as object);
+      entry = { validate: ajv.compile(schema), schema, weight: 0 };
     } catch (e) {
+      ajv.removeSchema(schema);
       // Request validation refuses such schemas (400 naming the keyword); should one get through,
       // nothing is vouched for unchecked.
       return { ok: false, reason: `the schema cannot be compiled for checking: ${(e as Error).message}` };
     }
+    entry.weight = compiledStates;
+    cachedStates += entry.weight;
   }
-  cache.set(key, validate);
-  if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value!);
+  cache.set(key, entry);
+  // Ajv keeps every schema it compiled (by the object): let go of it with the entry.
+  for (const [k, old] of cache) {
+    if (cache.size <= CACHE_SIZE && (cachedStates <= CACHE_STATES || cache.size === 1)) break;
+    cache.delete(k);
+    cachedStates -= old.weight;
+    ajv.removeSchema(old.schema);
+  }
+  const validate = entry.validate;
+  work.left = CHECK_WORK;
   try {
     if (validate(value)) return { ok: true };
   } catch (e) {
+    if (e instanceof PatternWorkError) {
+      return { ok: false, reason: `its patterns took more than ${CHECK_WORK} steps`, timedOut: true };
+    }
     return { ok: false, reason: `the check failed: ${(e as Error).message}` };
   }
   const reason = ajv.errorsText(validate.errors).slice(0, MAX_REASON);

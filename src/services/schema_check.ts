@@ -39,11 +39,13 @@ interface Queued {
 /** The answer for a check whose request ended while it waited. */
 const GONE: CheckResult = { ok: false, reason: "the request ended before the check" };
 
-/** The answer for a check cut off after `ms`. */
-function cutOff(ms: number): CheckResult {
+/** The answer for a check cut off after `ms`, or (`why`) when its pattern work ran out. */
+function cutOff(ms: number, why?: string): CheckResult {
   return {
     ok: false,
-    reason: `checking the output against the schema took longer than ${ms / 1000} s`,
+    reason: `checking the output against the schema ${
+      why ? `took too long: ${why}` : `took longer than ${ms / 1000} s`
+    }`,
     timedOut: true,
   };
 }
@@ -136,7 +138,7 @@ export class SchemaChecker {
    * Answers `job`, whose check ran out of time, and the checks of its schema that wait meanwhile, as
    * cut off; remembers the schema (see {@link CUT_OFF_KEYS}).
    */
-  #cutOffJob(job: Queued): void {
+  #cutOffJob(job: Queued, why?: string): void {
     this.#cutOff.delete(job.key);
     this.#cutOff.set(job.key, performance.now());
     if (this.#cutOff.size > CUT_OFF_KEYS) this.#cutOff.delete(this.#cutOff.keys().next().value!);
@@ -150,7 +152,7 @@ export class SchemaChecker {
     }
     for (const j of same) {
       this.timedOut++;
-      j.resolve(cutOff(this.#timeoutMs));
+      j.resolve(cutOff(this.#timeoutMs, why));
     }
   }
 
@@ -223,8 +225,10 @@ export class SchemaChecker {
       clearTimeout(running.deadline);
       this.#running = undefined;
       this.#setBusy(false);
-      if (!reply.result.ok && reply.result.timedOut) this.#cutOffJob(running.job);
-      else running.job.resolve(reply.result);
+      if (!reply.result.ok && reply.result.timedOut) {
+        // The worker's own time limit ("timed out"), or its patterns' work allowance (its reason).
+        this.#cutOffJob(running.job, reply.result.reason === "timed out" ? undefined : reply.result.reason);
+      } else running.job.resolve(reply.result);
       if (this.#queue.length > 0) this.#pump();
       else {
         this.#idle = setTimeout(() => this.#stop(), this.#idleMs);
