@@ -153,6 +153,15 @@ Deno.test("the output check tests patterns and formats with the linear matcher",
   );
   assert.ok(!email.ok && /format "email"/.test(email.reason), JSON.stringify(email));
   assert.deepEqual(validateJson(JSON.stringify({ type: "string", format: "email" }), "a@b.co"), { ok: true });
+  // uniqueItems by canonical JSON: key order and 1 / 1.0 do not make items distinct; deep nesting is fine.
+  const unique = JSON.stringify({ type: "array", uniqueItems: true });
+  assert.ok(!validateJson(unique, [{ a: 1, b: [1, { c: 2 }] }, { b: [1, { c: 2 }], a: 1.0 }]).ok);
+  assert.deepEqual(validateJson(unique, [1, "1", [1], { "1": 1 }, null, "null", 0, false]), { ok: true });
+  let deep: unknown = 1;
+  for (let i = 0; i < 20_000; i++) deep = [deep];
+  assert.deepEqual(validateJson(unique, [deep, 1]), { ok: true });
+  const objects = Array.from({ length: 20_000 }, (_, i) => ({ i, tag: "x" }));
+  assert.deepEqual(validateJson(unique, objects), { ok: true });
   // A pattern matches anywhere unless anchored, as JSON Schema says.
   assert.deepEqual(validateJson(JSON.stringify({ type: "string", pattern: "\\d+" }), "x12"), { ok: true });
   assert.ok(!validateJson(JSON.stringify({ type: "string", pattern: "^\\d+$" }), "x12").ok);
