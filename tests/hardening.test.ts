@@ -10,7 +10,7 @@ import { postJson, startServer } from "./helpers/server.ts";
 import { assertApiError, serverTest } from "./helpers/assert.ts";
 import { engineCounter, longEventLoopStalls } from "./helpers/metrics.ts";
 import { poll, settles } from "./helpers/poll.ts";
-import { AutomatonCache, GbnfRules, JsonGrammar } from "../src/grammar/mod.ts";
+import { AutomatonCache, GbnfRules, JsonGrammar, type SliceSource } from "../src/grammar/mod.ts";
 
 const KEY = "test-key";
 const CHAT = "vserve/tiny-chat";
@@ -187,6 +187,37 @@ Deno.test("a costly grammar is built in slices with the event loop running betwe
   // Built at once, no timer could have fired before the build's promise settled.
   assert.ok(ticks >= 3, `${ticks} timer ticks during the build`);
   assert.equal(text, schemaGrammar(schema), "the same grammar as built at once");
+});
+
+Deno.test("many small automata are cut into slices too: the build's slices run across them", async () => {
+  // A drill's schema: 100 distinct patterns, each automaton well under a slice. Each automaton used to
+  // get a slicer of its own, due only once it had itself run a slice's length: all 100 ran in one
+  // block (80-300 ms with their garbage collections, /health held). Slices counted in steps here.
+  let pauses = 0;
+  const stepSlices: SliceSource = () => {
+    let steps = 0;
+    return {
+      get due() {
+        return ++steps % 50 === 0;
+      },
+      pause: async () => {
+        pauses++;
+        await Promise.resolve();
+      },
+    };
+  };
+  const automata = new AutomatonCache({ slices: stepSlices });
+  const properties = Object.fromEntries(
+    Array.from(
+      { length: 100 },
+      (_, i) => [`p${i}`, { type: "string", pattern: `^(a|b){0,${i % 20 + 1}}x${i}z$` }],
+    ),
+  );
+  await automata.build(() => schemaGrammar({ type: "object", properties }, automata));
+  assert.equal(automata.compiled, 100);
+  // Two passes' turns, and a pause every 50 steps of the 100 compilations together (~700 steps; one
+  // automaton takes ~7: with a slicer each, none reached 50 and only the passes paused).
+  assert.ok(pauses >= 10, `${pauses} pauses`);
 });
 
 Deno.test("each pattern is compiled once: a second build, or another schema with it, compiles nothing", async () => {

@@ -1038,7 +1038,8 @@ export class AutomatonCache implements AutomatonSource {
           const meter = automatonMeter(this.#limit - used, this.#limit);
           this.compiled++;
           try {
-            const automaton = await runSliced(automatonSteps(c, meter), this.#slices(signal));
+            // The build's own slicer: many small automata, each under a slice, are still cut into slices.
+            const automaton = await runSliced(automatonSteps(c, meter), slices);
             this.#entries.set(key, automaton, 2 * automaton.chars);
           } catch (e) {
             // The request's budget ran out: refused for this request only, not for the pattern.
