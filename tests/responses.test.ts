@@ -502,7 +502,7 @@ serverTest("temperature, top_p and seed reach the sampler, as on chat completion
 });
 
 serverTest(
-  "output that fails its schema check mid-stream ends in response.failed and error; unstreamed a 500",
+  "output that fails its schema check mid-stream ends in response.failed and error; unstreamed a 422",
   async () => {
     // The grammar can only write ["a","a"]; uniqueItems, left to the output check, rejects it.
     const schema = { type: "array", items: { const: "a" }, minItems: 2, maxItems: 2, uniqueItems: true };
@@ -540,11 +540,11 @@ serverTest(
     assert.deepEqual(raw.events.slice(-2).map((e) => e.event), ["response.failed", "error"]);
     assert.ok(!raw.text.includes("[DONE]"));
     const last = JSON.parse(raw.events.at(-1)!.data);
-    assert.deepEqual([last.type, last.code, last.param], ["error", "invalid_output", null]);
+    assert.deepEqual([last.type, last.code, last.param], ["error", "invalid_output", "text.format.schema"]);
     // Unstreamed, the output is generated again and, failing each time, never returned.
     await assert.rejects(
       create(body),
-      (e: Json) => e instanceof OpenAI.APIError && e.status === 500 && e.code === "invalid_output",
+      (e: Json) => e instanceof OpenAI.APIError && e.status === 422 && e.code === "invalid_output",
     );
   },
 );

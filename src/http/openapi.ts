@@ -88,6 +88,8 @@ interface OperationDoc {
 }
 
 const MODEL_ERRORS = [400, 404, 413, 415, 429, 502, 503, 504];
+/** Routes with structured output: 422 when the output failed a keyword only checked after generating. */
+const SCHEMA_ERRORS = [400, 404, 413, 415, 422, 429, 502, 503, 504];
 /** The Anthropic routes answer 529 where the others answer 503 or a full queue's 429. */
 const ANTHROPIC_ERRORS = [400, 404, 413, 415, 429, 502, 504, 529];
 
@@ -111,7 +113,7 @@ const OPERATIONS: Record<string, OperationDoc> = {
     request: "ChatCompletionRequest",
     response: "ChatCompletion",
     stream: "ChatCompletionChunk",
-    errors: MODEL_ERRORS,
+    errors: SCHEMA_ERRORS,
   },
   "POST /v1/responses": {
     summary: "Create a response (Responses API, stateless)",
@@ -125,7 +127,7 @@ const OPERATIONS: Record<string, OperationDoc> = {
     request: "ResponsesRequest",
     response: "Response",
     stream: "ResponseStreamEvent",
-    errors: MODEL_ERRORS,
+    errors: SCHEMA_ERRORS,
   },
   "POST /v1/messages": {
     summary: "Create a message (Anthropic Messages API)",
@@ -139,7 +141,7 @@ const OPERATIONS: Record<string, OperationDoc> = {
     request: "MessagesRequest",
     response: "Message",
     stream: "MessageStreamEvent",
-    errors: ANTHROPIC_ERRORS,
+    errors: [...ANTHROPIC_ERRORS, 422].sort((a, b) => a - b),
   },
   "POST /v1/messages/count_tokens": {
     summary: "Count a message request's prompt tokens (Anthropic Messages API)",
@@ -243,6 +245,7 @@ const STATUS_TEXT: Record<number, string> = {
   408: "The request body did not arrive in time",
   413: "Request body too large",
   415: "Not JSON",
+  422: "The output failed a schema keyword checked after generating, each time (code `invalid_output`)",
   429: "Busy (queue full, or the key's rate limit); see Retry-After",
   500: "Internal error (the log has the request id)",
   502: "An upstream engine failed (models served by upstreams)",

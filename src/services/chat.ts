@@ -147,8 +147,11 @@ function uncheckable(reason: string, param: string): ApiError {
   );
 }
 
-/** Why output failed its schema; `overlap`: it matched several `oneOf` alternatives (the schema's fault). */
-type Fault = { text: string; overlap?: { param: string; at: string } };
+/**
+ * Why output failed the schema at `param`; `overlap`: it matched several `oneOf` alternatives (the
+ * schema's fault).
+ */
+type Fault = { text: string; param: string; overlap?: { param: string; at: string } };
 
 function invalidOutput(fault: Fault): ApiError {
   if (fault.overlap) {
@@ -164,11 +167,16 @@ function invalidOutput(fault: Fault): ApiError {
       "unsupported_schema",
     );
   }
+  // Only keywords the grammar leaves to the check can fail (docs/structured-output.md): a schema no
+  // value meets (`contains` beside `maxItems: 0`, `uniqueItems` on items that must be equal), or a
+  // value the model rarely writes. Not a server fault: the request cannot be met as it stands (422).
   return new ApiError(
-    500,
-    "server_error",
-    `The model's output did not satisfy the requested schema (${fault.text}); no answer is returned rather than an invalid one.`,
-    null,
+    422,
+    "invalid_request_error",
+    `The model's output did not satisfy the requested schema (${fault.text}), each time it was generated; ` +
+      "no answer is returned rather than an invalid one. The keyword at fault is one the grammar cannot enforce " +
+      "while generating, only check after: the schema may admit no value, or one the model seldom writes.",
+    fault.param,
     "invalid_output",
   );
 }
@@ -187,7 +195,7 @@ type OutputCheck = (
 function failed(r: CheckResult, param: string): Fault | undefined {
   if (r.ok) return undefined;
   if (r.timedOut) throw uncheckable(r.reason, param);
-  return { text: r.reason, overlap: r.overlap === undefined ? undefined : { param, at: r.overlap } };
+  return { text: r.reason, param, overlap: r.overlap === undefined ? undefined : { param, at: r.overlap } };
 }
 
 /**
@@ -213,7 +221,7 @@ function outputCheck(req: ChatRequest, job: ChatJob, signal: AbortSignal): Outpu
       try {
         value = JSON.parse(message.content ?? "");
       } catch {
-        return { text: "the content is not JSON" };
+        return { text: "the content is not JSON", param: "response_format.json_schema.schema" };
       }
       const fault = failed(
         await checkAgainstSchema(schema, value, signal),
@@ -224,13 +232,13 @@ function outputCheck(req: ChatRequest, job: ChatJob, signal: AbortSignal): Outpu
     for (const call of message.tool_calls ?? []) {
       const params = toolSchemas.get(call.function.name);
       if (!params) continue;
+      const param = `tools[${toolIndex(call.function.name)}].function.parameters`;
       let value: unknown;
       try {
         value = JSON.parse(call.function.arguments);
       } catch {
-        return { text: `the arguments of ${call.function.name} are not JSON` };
+        return { text: `the arguments of ${call.function.name} are not JSON`, param };
       }
-      const param = `tools[${toolIndex(call.function.name)}].function.parameters`;
       const fault = failed(await checkAgainstSchema(params, value, signal), param);
       if (fault) return { ...fault, text: `${call.function.name}: ${fault.text}` };
     }
