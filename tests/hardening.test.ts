@@ -220,6 +220,25 @@ Deno.test("many small automata are cut into slices too: the build's slices run a
   assert.ok(pauses >= 10, `${pauses} pauses`);
 });
 
+Deno.test("past the schema budget the remaining automata are refused without compiling", async () => {
+  // 280 distinct patterns: the budget ran out after a few dozen, and each of the rest was still parsed
+  // and refused in turn, one 100 ms block (no slice between refusals).
+  const automata = new AutomatonCache({ budget: 400_000 });
+  const properties = Object.fromEntries(
+    Array.from(
+      { length: 100 },
+      (_, i) => [`p${i}`, { type: "string", pattern: `^(a|b){0,${i % 20 + 1}}x${i}z$` }],
+    ),
+  );
+  await assert.rejects(
+    automata.build(() => schemaGrammar({ type: "object", properties }, automata)),
+    (e: Error) =>
+      e.message.startsWith("The JSON schema is too large to enforce: compiling its patterns takes more"),
+  );
+  // Compiled until the budget ran out (67 of 100 here); the rest not even started (each was, before).
+  assert.ok(automata.compiled > 0 && automata.compiled < 90, `${automata.compiled} compiled`);
+});
+
 Deno.test("each pattern is compiled once: a second build, or another schema with it, compiles nothing", async () => {
   const automata = new AutomatonCache();
   await automata.build(() => schemaGrammar(patternSchema(9, "f"), automata));

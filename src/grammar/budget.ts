@@ -73,10 +73,14 @@ export class Budget {
 
 /** The refusal of a schema whose work would pass the budget. */
 export function budgetError(limit: number, what = "compiling it"): GrammarError {
-  return new GrammarError(
-    `The JSON schema is too large to enforce: ${what} takes more than the schema budget of ${limit} work units ` +
-      "(each $ref, allOf, anyOf/oneOf alternative, property and item schema expanded, each grammar rule and " +
-      "pattern automaton step counts).",
-    { code: "schema_too_large" },
-  );
+  return new GrammarError(`The JSON schema is too large to enforce: ${overBudget(limit, what)}.`, {
+    code: "schema_too_large",
+  });
+}
+
+/** Why {@link budgetError} refuses, as a phrase (for messages that word the rest themselves). */
+export function overBudget(limit: number, what: string): string {
+  return `${what} takes more than the schema budget of ${limit} work units ` +
+    "(each $ref, allOf, anyOf/oneOf alternative, property and item schema expanded, each grammar rule and " +
+    "pattern automaton step counts)";
 }

@@ -48,7 +48,9 @@ function escapeChar(ch: string, quote: string): string {
       return "\\t";
     case quote:
       return `\\${quote}`;
+    // llama.cpp's grammar parser knows no `\^` escape (a 500 once): a class writes `^` by its code.
     case "^":
+      return quote === "]" ? "\\x5e" : ch;
     case "-":
     case "[":
       return quote === "]" ? `\\${ch}` : ch;

@@ -14,7 +14,7 @@
  */
 
 import type { GbnfRules } from "./gbnf.ts";
-import { Budget, budgetError, COSTS, SCHEMA_BUDGET } from "./budget.ts";
+import { Budget, COSTS, overBudget, SCHEMA_BUDGET } from "./budget.ts";
 import { LruCache } from "./lru.ts";
 import { GrammarError } from "./errors.ts";
 import type { AutomatonSource, PatternAutomaton, StringConstraints } from "./types.ts";
@@ -625,14 +625,17 @@ function charSetGbnf(set: CharSet, json: boolean): string {
     const item = (c: number) => {
       if (c < 0x20) return `\\x${c.toString(16).padStart(2, "0")}`;
       const ch = String.fromCodePoint(c);
-      return /[\]\\^-]/.test(ch) ? `\\${ch}` : ch;
+      // llama.cpp's grammar parser knows no `\^` escape: `^` is written by its code.
+      if (c === 0x5e) return "\\x5e";
+      return /[\]\\-]/.test(ch) ? `\\${ch}` : ch;
     };
     return `[${set.map(([a, b]) => a === b ? item(a) : `${item(a)}-${item(b)}`).join("")}]`;
   }
   const alts: string[] = [];
   const raw: string[] = [];
   const item = (c: number) => {
-    if (c === 0x5d || c === 0x5c || c === 0x5e || c === 0x2d) return `\\${String.fromCodePoint(c)}`;
+    if (c === 0x5e) return "\\x5e";
+    if (c === 0x5d || c === 0x5c || c === 0x2d) return `\\${String.fromCodePoint(c)}`;
     return String.fromCodePoint(c);
   };
   for (const [a, b] of set) {
@@ -903,7 +906,7 @@ function automatonMeter(requestLeft = Infinity, limit = SCHEMA_BUDGET): Meter {
     steps,
     () =>
       steps < PATTERN_LIMITS.maxSteps
-        ? new PatternTooLargeError(budgetError(limit, "compiling its patterns").message, true)
+        ? new PatternTooLargeError(overBudget(limit, "compiling its patterns"), true)
         : new PatternTooLargeError(`a pattern needs more than ${PATTERN_LIMITS.maxSteps} automaton steps`),
   );
 }
@@ -1032,6 +1035,16 @@ export class AutomatonCache implements AutomatonSource {
       // What the pass used, with the automata it did not have yet: the next pass adds their steps.
       let used = session.budget.used;
       for (const [key, c] of session.missing) {
+        // Past the budget the rest are refused for this request without compiling a step of them
+        // (each refusal used to parse its patterns first: 280 of them one 100 ms block).
+        if (used >= this.#limit) {
+          session.refused.set(
+            key,
+            new PatternTooLargeError(overBudget(this.#limit, "compiling its patterns"), true),
+          );
+          continue;
+        }
+        if (slices.due) await slices.pause();
         await this.#oneAtATime(async () => {
           signal?.throwIfAborted();
           if (this.#entries.get(key) !== undefined) return; // compiled for another request meanwhile
