@@ -10,6 +10,7 @@ import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
 import { ApiError, formatPath, jsonBody, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
 import { isSmallJson, jsonPieces } from "../src/http/json_writer.ts";
 import { MAX_BODY_PIECES, readJsonBody } from "../src/http/body.ts";
+import { parseJsonInSlices } from "../src/http/json_slices.ts";
 import { constantTimeEqual, KeyRing, RateLimiter } from "../src/http/auth.ts";
 import { parseKeyFile, plainKey } from "../src/api_keys.ts";
 import { createHash } from "node:crypto";
@@ -519,4 +520,20 @@ Deno.test("sseStream: a large event is written in slices, whole, with no ping in
 Deno.test("deno task start runs the server with the V8 flags of the compiled binary and the tests' servers", async () => {
   const config = JSON.parse(await Deno.readTextFile(new URL("../deno.json", import.meta.url)));
   assert.ok(config.tasks.start.split(/\s+/).includes(V8_FLAGS_ARG), config.tasks.start);
+});
+
+Deno.test("a body parsed in slices keeps `__proto__` and prototype names as own keys, as JSON.parse does", async () => {
+  // Over a piece (32 KB): the object's members are parsed in runs and copied into one object.
+  const members = Array.from({ length: 20_000 }, (_, i) => `"k${i}":${i}`);
+  members.splice(5000, 0, `"__proto__":{"polluted":true}`, `"constructor":1`, `"toString":"x"`);
+  const text = `{"metadata":{${members.join(",")}},"model":"m"}`;
+  assert.ok(text.length > 200_000);
+  const parsed = await parseJsonInSlices(text, new Slicer(10)) as { metadata: Record<string, unknown> };
+  assert.deepEqual(parsed, JSON.parse(text));
+  const own = Object.getOwnPropertyDescriptor(parsed.metadata, "__proto__");
+  assert.deepEqual(own?.value, { polluted: true });
+  assert.equal(Object.getPrototypeOf(parsed.metadata), Object.prototype);
+  assert.equal(({} as Record<string, unknown>).polluted, undefined);
+  assert.equal(parsed.metadata.constructor, 1);
+  assert.equal(Object.keys(parsed.metadata).length, 20_003);
 });
