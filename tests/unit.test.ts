@@ -10,7 +10,7 @@ import { ConfigError, loadApiKeys, loadConfig } from "../src/config.ts";
 import { ApiError, formatPath, jsonBody, onSlicedJsonEnd, slicedJsonResponse } from "../src/http/errors.ts";
 import { isSmallJson, jsonPieces } from "../src/http/json_writer.ts";
 import { MAX_BODY_PIECES, readJsonBody } from "../src/http/body.ts";
-import { parseJsonInSlices } from "../src/http/json_slices.ts";
+import { JsonBodyError, MAX_OBJECT_MEMBERS, parseJsonInSlices } from "../src/http/json_slices.ts";
 import { constantTimeEqual, KeyRing, RateLimiter } from "../src/http/auth.ts";
 import { parseKeyFile, plainKey } from "../src/api_keys.ts";
 import { createHash } from "node:crypto";
@@ -536,4 +536,24 @@ Deno.test("a body parsed in slices keeps `__proto__` and prototype names as own 
   assert.equal(({} as Record<string, unknown>).polluted, undefined);
   assert.equal(parsed.metadata.constructor, 1);
   assert.equal(Object.keys(parsed.metadata).length, 20_003);
+});
+
+Deno.test("an object of more members than a whole vocabulary's logit_bias is refused before it is built", async () => {
+  const object = (n: number) =>
+    `{"logit_bias":{${Array.from({ length: n }, (_, i) => `"${i}":1`).join(",")}}}`;
+  const at = await parseJsonInSlices(object(MAX_OBJECT_MEMBERS), new Slicer(10)) as {
+    logit_bias: Record<string, number>;
+  };
+  assert.equal(Object.keys(at.logit_bias).length, MAX_OBJECT_MEMBERS);
+  await assert.rejects(
+    parseJsonInSlices(object(MAX_OBJECT_MEMBERS + 1), new Slicer(10)),
+    (e: Error) =>
+      e instanceof JsonBodyError && e.limit === "members" && /more than 262144 members/.test(e.message),
+  );
+  // Arrays are not objects: as many elements are fine (no property per element).
+  const array = `{"stop":[${Array.from({ length: MAX_OBJECT_MEMBERS + 5 }, () => "1").join(",")}]}`;
+  assert.equal(
+    (await parseJsonInSlices(array, new Slicer(10)) as { stop: number[] }).stop.length,
+    MAX_OBJECT_MEMBERS + 5,
+  );
 });

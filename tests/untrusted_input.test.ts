@@ -306,6 +306,18 @@ serverTest("a large body nested within the limit is parsed as JSON.parse parses 
   assertApiError(broken, 400, { code: "invalid_json" });
 });
 
+serverTest(
+  "an object of 600,000 members (8 MB of metadata) is a 400 before it is built, the limit named",
+  async () => {
+    const keys = Array.from({ length: 600_000 }, (_, i) => `"k${i}":"v"`).join(",");
+    const text =
+      `{"model":"${CHAT}","messages":[{"role":"user","content":"x"}],"max_tokens":2,"metadata":{${keys}}}`;
+    const res = await postJson(url("/v1/chat/completions"), text, KEY);
+    assertApiError(res, 400, { code: "json_too_large" });
+    assert.match(res.body.error.message, /an object of more than 262144 members/);
+  },
+);
+
 serverTest("gzip and deflate bodies are decoded; other encodings are a 415 naming them", async () => {
   const request = { model: CHAT, messages: [{ role: "user", content: "hi" }], max_tokens: 2 };
   for (const format of ["gzip", "deflate"] as const) {

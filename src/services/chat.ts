@@ -31,6 +31,7 @@ import {
   JsonBodyError,
   MAX_JSON_CONTAINERS,
   MAX_JSON_DEPTH,
+  MAX_OBJECT_MEMBERS,
   parseJsonInSlices,
 } from "../http/json_slices.ts";
 
@@ -462,6 +463,8 @@ export async function parseHistoryArguments(messages: ChatMessage[], signal?: Ab
             `function.arguments ${
               e.limit === "depth"
                 ? `nests arrays and objects more than ${MAX_JSON_DEPTH} levels deep`
+                : e.limit === "members"
+                ? `holds an object of more than ${MAX_OBJECT_MEMBERS} members`
                 : `holds more than ${MAX_JSON_CONTAINERS} arrays and objects`
             }.`,
             `messages[${i}].tool_calls[${j}].function.arguments`,
