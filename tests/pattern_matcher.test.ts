@@ -9,6 +9,7 @@ import { fc } from "./helpers/clients.ts";
 import {
   GrammarError,
   JsonGrammar,
+  LruCache,
   PatternError,
   PatternMatcher,
   PatternTooLargeError,
@@ -246,4 +247,27 @@ Deno.test("patterns are charged to the schema budget by their automata: many lar
   );
   const few = Object.fromEntries(Object.entries(patternProperties).slice(0, 2));
   assert.ok(new JsonGrammar().schema({ type: "object", patternProperties: few }, "response_format", "out"));
+});
+
+Deno.test("the LRU cache tells of every value it lets go of: pushed out, replaced, too large", () => {
+  const dropped: string[] = [];
+  const cache = new LruCache<string>(2, 10, (key, value) => dropped.push(`${key}=${value}`));
+  cache.set("a", "1", 4);
+  cache.set("b", "2", 4);
+  cache.get("a"); // now the most recent: "b" goes first
+  cache.set("c", "3", 4); // over 10 in size: "b" out
+  cache.set("a", "4", 4); // replaced
+  cache.set("d", "5", 11); // too large to keep
+  assert.deepEqual(dropped, ["b=2", "a=1", "d=5"]);
+  assert.deepEqual([cache.get("a"), cache.get("c"), cache.get("d")], ["4", "3", undefined]);
+});
+
+Deno.test("uniqueItems says which items repeat as Ajv does", () => {
+  const r = validateJson(JSON.stringify({ type: "array", uniqueItems: true }), [1, 2, { a: 1 }, 3, {
+    a: 1.0,
+  }]);
+  assert.deepEqual(r, {
+    ok: false,
+    reason: "data must NOT have duplicate items (items ## 2 and 4 are identical)",
+  });
 });

@@ -280,15 +280,17 @@ export class JsonGrammar {
       try {
         states = PatternMatcher.measure(source as string);
       } catch (e) {
-        if (e instanceof PatternTooLargeError) {
-          this.#fail(ctx, e.message, "schema_too_large", { keyword: key.split("/")[0], path });
-        }
+        // `key` is `patternProperties/<the pattern>` for a property pattern.
+        const at = { keyword: key.split("/")[0], path };
+        if (e instanceof PatternTooLargeError) this.#fail(ctx, e.message, "schema_too_large", at);
         if (!(e instanceof PatternError)) throw e;
         const what = key === "pattern" ? "pattern" : `keyword '${key}'`;
-        this.#fail(ctx, `The JSON schema ${what} at ${path} cannot be enforced: ${e.message}.`, undefined, {
-          keyword: key.split("/")[0],
-          path,
-        });
+        this.#fail(
+          ctx,
+          `The JSON schema ${what} at ${path} cannot be enforced: ${e.message}.`,
+          undefined,
+          at,
+        );
       }
       this.#budget.charge(states * COSTS.patternState, "building the automata of its patterns");
     };

@@ -1,6 +1,7 @@
 /**
  * A map that keeps its most recently used entries, within a number of entries and a total size
- * (what `size` means is the caller's: characters, say).
+ * (what `size` means is the caller's: characters, say). `onDrop` is told of each value let go of:
+ * pushed out, replaced, or too large to keep.
  *
  * @example
  * ```ts
@@ -13,7 +14,11 @@ export class LruCache<V> {
   readonly #entries = new Map<string, { value: V; size: number }>();
   #size = 0;
 
-  constructor(readonly maxEntries: number, readonly maxSize = Infinity) {}
+  constructor(
+    readonly maxEntries: number,
+    readonly maxSize = Infinity,
+    readonly onDrop?: (key: string, value: V) => void,
+  ) {}
 
   /** The value for `key`, now the most recently used; undefined when absent. */
   get(key: string): V | undefined {
@@ -30,14 +35,16 @@ export class LruCache<V> {
     if (old) {
       this.#entries.delete(key);
       this.#size -= old.size;
+      if (old.value !== value) this.onDrop?.(key, old.value);
     }
-    if (size > this.maxSize) return;
+    if (size > this.maxSize) return this.onDrop?.(key, value);
     this.#entries.set(key, { value, size });
     this.#size += size;
     for (const [k, e] of this.#entries) {
       if (this.#entries.size <= this.maxEntries && this.#size <= this.maxSize) break;
       this.#entries.delete(k);
       this.#size -= e.size;
+      this.onDrop?.(k, e.value);
     }
   }
 

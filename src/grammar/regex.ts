@@ -105,6 +105,8 @@ const SPACE: CharSet = normalize([
   [0xfeff, 0xfeff],
 ]);
 const DOT: CharSet = complement([[0x0a, 0x0a], [0x0d, 0x0d], [0x2028, 0x2029]]);
+/** Any text at all: an unanchored end of a pattern (the grammar's letters leave lone surrogates out). */
+const ANY_TEXT: Node = { kind: "repeat", item: { kind: "set", set: EVERYTHING }, min: 0, max: undefined };
 
 /** The parsed pattern: optional start lookaheads, the body, and its anchors. */
 interface Pattern {
@@ -148,10 +150,9 @@ class Parser {
     if (branches.some((b) => b.lookaheads.length > 0)) {
       this.fail("a lookahead in a pattern of several top-level alternatives");
     }
-    const open: Node = { kind: "repeat", item: { kind: "set", set: EVERYTHING }, min: 0, max: undefined };
     const items = branches.map((b): Node => ({
       kind: "seq",
-      items: [...(b.anchoredStart ? [] : [open]), b.body, ...(b.anchoredEnd ? [] : [open])],
+      items: [...(b.anchoredStart ? [] : [ANY_TEXT]), b.body, ...(b.anchoredEnd ? [] : [ANY_TEXT])],
     }));
     return { lookaheads: [], body: { kind: "alt", items }, anchoredStart: true, anchoredEnd: true };
   }
@@ -183,8 +184,7 @@ class Parser {
       parts.push({ node, anchoredEnd: this.eat("$") });
     } while (this.eat("|"));
     if (parts.length === 1) return parts[0];
-    const open: Node = { kind: "repeat", item: { kind: "set", set: EVERYTHING }, min: 0, max: undefined };
-    const items = parts.map((p): Node => p.anchoredEnd ? p.node : { kind: "seq", items: [p.node, open] });
+    const items = parts.map((p): Node => p.anchoredEnd ? p.node : { kind: "seq", items: [p.node, ANY_TEXT] });
     return { node: { kind: "alt", items }, anchoredEnd: true };
   }
 
@@ -421,6 +421,34 @@ class Nfa {
   }
 }
 
+/** Epsilon closures in one automaton (states marked by a stamp: no set made per closure). */
+class Closures {
+  readonly #mark: Uint32Array;
+  #stamp = 0;
+  constructor(readonly nfa: Nfa) {
+    this.#mark = new Uint32Array(nfa.edges.length);
+  }
+
+  /** The states `seeds` reach by epsilon moves, themselves included, ascending. */
+  of(seeds: readonly number[]): number[] {
+    if (this.#stamp >= 0xffff_fff0) {
+      this.#mark.fill(0);
+      this.#stamp = 0;
+    }
+    const stamp = ++this.#stamp;
+    const mark = this.#mark;
+    const out: number[] = [];
+    const stack: number[] = [];
+    for (const s of seeds) if (mark[s] !== stamp) (mark[s] = stamp), stack.push(s);
+    while (stack.length) {
+      const s = stack.pop()!;
+      out.push(s);
+      for (const t of this.nfa.eps[s]) if (mark[t] !== stamp) (mark[t] = stamp), stack.push(t);
+    }
+    return out.sort((a, b) => a - b);
+  }
+}
+
 /** A deterministic automaton over disjoint char-set "letters". */
 interface Dfa {
   /** transitions[state] = list of [letter index, next state]. */
@@ -429,13 +457,14 @@ interface Dfa {
 }
 
 /** Splits the code points into letters: maximal ranges no char set cuts. */
-function letters(sets: CharSet[]): CharSet {
+function letters(sets: CharSet[], surrogates = false): CharSet {
   const cuts = new Set<number>([0, MAX_CODE + 1]);
   for (const s of sets) for (const [a, b] of s) cuts.add(a).add(b + 1);
   const points = [...cuts].sort((a, b) => a - b);
-  // Lone surrogates are no characters: the letters leave them out.
-  return points.slice(0, -1).map((p, i): [number, number] => [p, points[i + 1] - 1])
-    .filter(([a, b]) => inSet(ANY, [a, b]));
+  const all = points.slice(0, -1).map((p, i): [number, number] => [p, points[i + 1] - 1]);
+  // Lone surrogates are no characters a grammar writes: its letters leave them out (a tested text
+  // may hold one: `surrogates`).
+  return surrogates ? all : all.filter(([a, b]) => inSet(ANY, [a, b]));
 }
 
 function setsOf(node: Node, out: CharSet[] = []): CharSet[] {
@@ -461,11 +490,11 @@ function* compile(
   const start = nfa.add();
   let from = start;
   if (anyBefore) {
-    from = nfa.build({ kind: "repeat", item: { kind: "set", set: ANY }, min: 0, max: undefined }, from);
+    from = nfa.build(ANY_TEXT, from);
   }
   let end = nfa.build(node, from);
   if (anyAfter) {
-    end = nfa.build({ kind: "repeat", item: { kind: "set", set: ANY }, min: 0, max: undefined }, end);
+    end = nfa.build(ANY_TEXT, end);
   }
   // Each char set as the runs of letters it covers (letter indices, pairs of first and last).
   const spans = new Map<CharSet, number[]>();
@@ -483,20 +512,11 @@ function* compile(
     spans.set(set, out);
     return out;
   };
-  const mark = new Int32Array(nfa.edges.length);
-  let stamp = 0;
+  const closures = new Closures(nfa);
   const closure = (seeds: readonly number[]): number[] => {
-    stamp++;
-    const out: number[] = [];
-    const stack: number[] = [];
-    for (const s of seeds) if (mark[s] !== stamp) (mark[s] = stamp), stack.push(s);
-    while (stack.length) {
-      const s = stack.pop()!;
-      out.push(s);
-      for (const t of nfa.eps[s]) if (mark[t] !== stamp) (mark[t] = stamp), stack.push(t);
-    }
+    const out = closures.of(seeds);
     meter.charge(out.length);
-    return out.sort((a, b) => a - b);
+    return out;
   };
   const first = closure([start]);
   const index = new Map([[first.join(","), 0]]);
@@ -1163,8 +1183,7 @@ class LazyDfa {
   #index = new Map<string, number>();
   #next: Map<number, number>[] = [];
   #accepting: boolean[] = [];
-  readonly #mark: Uint32Array;
-  #stamp = 0;
+  readonly #closures: Closures;
   /**
    * A test is under way (or was stopped, by a time limit, between two of its updates: the next
    * test then starts from nothing rather than trust the states).
@@ -1172,17 +1191,13 @@ class LazyDfa {
   #busy = false;
 
   constructor(node: Node, anyBefore: boolean, anyAfter: boolean) {
-    const any: Node = { kind: "repeat", item: { kind: "set", set: EVERYTHING }, min: 0, max: undefined };
     let at = this.#nfa.add();
-    if (anyBefore) at = this.#nfa.build(any, at);
+    if (anyBefore) at = this.#nfa.build(ANY_TEXT, at);
     at = this.#nfa.build(node, at);
-    this.#end = anyAfter ? this.#nfa.build(any, at) : at;
+    this.#end = anyAfter ? this.#nfa.build(ANY_TEXT, at) : at;
     this.#openEnd = anyAfter;
-    const cuts = new Set<number>([0, MAX_CODE + 1]);
-    for (const s of setsOf(node)) for (const [a, b] of s) cuts.add(a).add(b + 1);
-    const points = [...cuts].sort((a, b) => a - b);
-    this.#alphabet = points.slice(0, -1).map((p, i): [number, number] => [p, points[i + 1] - 1]);
-    this.#mark = new Uint32Array(this.#nfa.edges.length);
+    this.#alphabet = letters(setsOf(node), true);
+    this.#closures = new Closures(this.#nfa);
   }
 
   /** States of the nondeterministic automaton. */
@@ -1195,7 +1210,6 @@ class LazyDfa {
 
   /** Whether the whole of `text` is a string of the automaton; charges `work` (see {@link MatchWork}). */
   test(text: string, work: MatchWork): boolean {
-    this.built = 0;
     if (this.#busy || this.#sets.length >= MATCHER_STATES || this.#entries >= MATCHER_ENTRIES) this.#reset();
     this.#busy = true;
     let state = this.#intern(this.#closure([0], work));
@@ -1252,23 +1266,11 @@ class LazyDfa {
   }
 
   #closure(seeds: readonly number[], work: MatchWork): number[] {
-    if (this.#stamp >= 0xffff_fff0) {
-      this.#mark.fill(0);
-      this.#stamp = 0;
-    }
-    const stamp = ++this.#stamp;
-    const out: number[] = [];
-    const stack: number[] = [];
-    for (const s of seeds) if (this.#mark[s] !== stamp) (this.#mark[s] = stamp), stack.push(s);
-    while (stack.length) {
-      const s = stack.pop()!;
-      out.push(s);
-      for (const t of this.#nfa.eps[s]) if (this.#mark[t] !== stamp) (this.#mark[t] = stamp), stack.push(t);
-    }
+    const out = this.#closures.of(seeds);
     // Closing over, sorting and keying the set: a few units an entry.
     work.left -= 4 * out.length;
     if (work.left < 0) throw new PatternWorkError("the pattern tests took too many steps");
-    return out.sort((a, b) => a - b);
+    return out;
   }
 }
 
@@ -1356,13 +1358,13 @@ export class PatternMatcher {
    * `work`: the allowance it draws on (by default, one of its own for this text), whose end throws
    * {@link PatternWorkError}; a test stopped so, or by a time limit, leaves the matcher sound.
    */
-  test(text: string, work: MatchWork = { left: PatternMatcher.workFor(text, this.states) }): boolean {
+  test(text: string, work: MatchWork = { left: PatternMatcher.#workFor(text, this.states) }): boolean {
     for (const part of this.#parts) part.dfa.built = 0;
     return this.#parts.every((part) => part.dfa.test(text, work) !== part.negative);
   }
 
   /** An allowance that no test of `text` can spend: a state built for each character, each whole. */
-  static workFor(text: string, states: number): number {
+  static #workFor(text: string, states: number): number {
     return (text.length + 1) * (5 * states + 1);
   }
 

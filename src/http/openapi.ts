@@ -92,6 +92,7 @@ const MODEL_ERRORS = [400, 404, 413, 415, 429, 502, 503, 504];
 const SCHEMA_ERRORS = [400, 404, 413, 415, 422, 429, 502, 503, 504];
 /** The Anthropic routes answer 529 where the others answer 503 or a full queue's 429. */
 const ANTHROPIC_ERRORS = [400, 404, 413, 415, 429, 502, 504, 529];
+const ANTHROPIC_SCHEMA_ERRORS = [400, 404, 413, 415, 422, 429, 502, 504, 529];
 
 /** What each route does; keyed `METHOD path` as in the route table. */
 const OPERATIONS: Record<string, OperationDoc> = {
@@ -141,7 +142,7 @@ const OPERATIONS: Record<string, OperationDoc> = {
     request: "MessagesRequest",
     response: "Message",
     stream: "MessageStreamEvent",
-    errors: [...ANTHROPIC_ERRORS, 422].sort((a, b) => a - b),
+    errors: ANTHROPIC_SCHEMA_ERRORS,
   },
   "POST /v1/messages/count_tokens": {
     summary: "Count a message request's prompt tokens (Anthropic Messages API)",

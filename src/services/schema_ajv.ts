@@ -6,7 +6,7 @@
  */
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020";
 import type { RegExpLike, SchemaValidateFunction } from "ajv/dist/types";
-import { FORMAT_CHECKS, type MatchWork, PatternMatcher, PatternWorkError } from "../grammar/mod.ts";
+import { FORMAT_CHECKS, LruCache, type MatchWork, PatternMatcher, PatternWorkError } from "../grammar/mod.ts";
 
 /**
  * The outcome of one check; `overlap`: where (a JSON pointer into the value) the value matched several of a
@@ -60,18 +60,19 @@ const ajv = new Ajv2020({
 // Ajv compares every pair of non-primitive items (a long array of objects took it seconds).
 const uniqueItems: SchemaValidateFunction = (schema: boolean, data: unknown[]): boolean => {
   const seen = new Map<string, number>();
-  for (let j = 0; schema && j < data.length; j++) {
-    const key = canonicalJson(data[j]);
-    const i = seen.get(key);
-    if (i !== undefined) {
+  for (let later = 0; schema && later < data.length; later++) {
+    const key = canonicalJson(data[later]);
+    const earlier = seen.get(key);
+    if (earlier !== undefined) {
+      // Ajv's own words and params (`i` the later item, `j` the earlier one).
       uniqueItems.errors = [{
         keyword: "uniqueItems",
-        message: `must NOT have duplicate items (items ## ${j} and ${i} are identical)`,
-        params: { i: j, j: i },
+        message: `must NOT have duplicate items (items ## ${earlier} and ${later} are identical)`,
+        params: { i: later, j: earlier },
       }];
       return false;
     }
-    seen.set(key, j);
+    seen.set(key, later);
   }
   return true;
 };
@@ -125,15 +126,18 @@ for (const [name, source] of Object.entries(FORMAT_CHECKS)) {
   const matcher = PatternMatcher.compile(source);
   ajv.addFormat(name, (text: string) => matcher.test(text, work));
 }
-/** Compiled schemas by their JSON text: the validator, the schema object Ajv keeps it under, and its weight. */
-const cache = new Map<string, { validate: ValidateFunction; schema: object; weight: number }>();
-const CACHE_SIZE = 256;
+/** A compiled schema: its validator, and the schema object Ajv keeps it under. */
+interface Compiled {
+  validate: ValidateFunction;
+  schema: object;
+}
+
 /**
- * Most pattern automaton states the kept validators may hold (a state takes ~300 bytes): a schema of
- * many large patterns is not kept beside 255 others.
+ * Compiled schemas by their JSON text: up to 256, and 200,000 pattern automaton states in all (a
+ * state takes ~300 bytes): a schema of many large patterns is not kept beside 255 others. Ajv keeps
+ * every schema it compiled (by the object): it lets go of each with its entry.
  */
-const CACHE_STATES = 200_000;
-let cachedStates = 0;
+const cache = new LruCache<Compiled>(256, 200_000, (_, c) => ajv.removeSchema(c.schema));
 /** Most characters of a failure's reason (all errors are collected). */
 const MAX_REASON = 1000;
 
@@ -177,28 +181,19 @@ export function toDraft2020(schema: unknown): unknown {
  */
 export function validateJson(key: string, value: unknown): CheckResult {
   let entry = cache.get(key);
-  if (entry) cache.delete(key);
-  else {
+  if (!entry) {
     compiledStates = 0;
     const schema = toDraft2020(JSON.parse(key)) as object;
     try {
-      entry = { validate: ajv.compile(schema), schema, weight: 0 };
+      entry = { validate: ajv.compile(schema), schema };
     } catch (e) {
       ajv.removeSchema(schema);
       // Request validation refuses such schemas (400 naming the keyword); should one get through,
       // nothing is vouched for unchecked.
       return { ok: false, reason: `the schema cannot be compiled for checking: ${(e as Error).message}` };
     }
-    entry.weight = compiledStates;
-    cachedStates += entry.weight;
-  }
-  cache.set(key, entry);
-  // Ajv keeps every schema it compiled (by the object): let go of it with the entry.
-  for (const [k, old] of cache) {
-    if (cache.size <= CACHE_SIZE && (cachedStates <= CACHE_STATES || cache.size === 1)) break;
-    cache.delete(k);
-    cachedStates -= old.weight;
-    ajv.removeSchema(old.schema);
+    // Kept by the states of its patterns (a schema of none still counts one).
+    cache.set(key, entry, compiledStates + 1);
   }
   const validate = entry.validate;
   work.left = CHECK_WORK;
