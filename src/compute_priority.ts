@@ -16,9 +16,11 @@
 
 const PRIO_PROCESS = 0;
 /**
- * V8's helper threads ("V8 DefaultWorker") keep the JavaScript thread's priority: it waits for them
- * (a garbage collection's parallel tasks, which it joins). Lowered, another process on the host took
- * their core and the event loop waited 100-470 ms with none of its own CPU spent, beside one busy loop.
+ * V8's helper threads ("V8 DefaultWorker") keep the JavaScript thread's priority. Without
+ * `--single-threaded-gc` (v8_flags.ts) it waits for them (a garbage collection's parallel tasks,
+ * which it joins): lowered, another process on the host took their core and the event loop waited
+ * 100-470 ms with none of its own CPU spent, beside one busy loop. With it, as the server runs, they
+ * only compile code in the background.
  */
 const V8_HELPER = "V8 ";
 /** Longest time between two full listings of the threads (a thread that ends while another starts
