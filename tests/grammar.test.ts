@@ -6,7 +6,8 @@ import assert from "node:assert/strict";
 import { acceptsText, acceptsTokens, loadGrammarModel } from "./helpers/grammar.ts";
 import { GrammarConstraint, MAX_STACKS, SYNC_STACKS } from "../src/engines/llama/grammar.ts";
 import { EngineInputError } from "../src/engines/types.ts";
-import { gbnfLiteral, GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
+import { gbnfLiteral, GbnfRules, GrammarError, JsonGrammar, textWithout } from "../src/grammar/mod.ts";
+import { fc } from "./helpers/clients.ts";
 import { jsonDialect } from "../src/engines/llama/dialects/json.ts";
 import { xmlDialect } from "../src/engines/llama/dialects/xml.ts";
 import { checkAgainstSchema, pickChecker, SchemaChecker, SPILL_MS } from "../src/services/schema_check.ts";
@@ -861,4 +862,59 @@ Deno.test("a grammar whose alternatives multiply goes off the event loop, then i
   } finally {
     plain.free();
   }
+});
+
+Deno.test("json schema: an enum is a tree of its values' beginnings: 1,000 values sharing 240 characters keep one open alternative through them", () => {
+  const shared = "x".repeat(240);
+  const values = Array.from({ length: 1000 }, (_, i) => `${shared}${i}`);
+  const gbnf = schemaGrammar({ enum: values });
+  const g = GrammarConstraint.create(model, gbnf);
+  assert.ok(g);
+  try {
+    // As one alternative per value, llama.cpp held 1,000 open through the shared beginning.
+    const open: number[] = [];
+    for (const ch of `"${shared}`) {
+      for (const token of model.tokenize(ch, false)) {
+        assert.ok(g.allows(token));
+        g.accept(token);
+        open.push(g.stacks);
+      }
+    }
+    assert.equal(Math.max(...open.slice(0, -1)), 1, "open alternatives through the shared beginning");
+    assert.equal(open.at(-1), 10, "at its end, one a next digit");
+    for (const ch of '7"') for (const token of model.tokenize(ch, false)) g.accept(token);
+    assert.ok(g.allows(model.eos), "a value ended");
+  } finally {
+    g.free();
+  }
+  for (const ok of [0, 1, 7, 10, 99, 100, 999]) {
+    assert.ok(accepts(gbnf, JSON.stringify(`${shared}${ok}`)), `${ok}`);
+  }
+  for (const bad of [`${shared}`, `${shared}1000`, `${shared}01`, `${shared}9999`, `${shared.slice(1)}1`]) {
+    assert.ok(!accepts(gbnf, JSON.stringify(bad)), bad);
+  }
+});
+
+Deno.test("GbnfRules.alternatives takes exactly its strings (random sets over quotes, escapes, emoji, the empty string)", () => {
+  const alphabet = ["a", "b", '"', "\\", "\n", "😀", "😁", "é"];
+  const word = fc.array(fc.constantFrom(...alphabet), { maxLength: 6 }).map((cs) => cs.join(""));
+  fc.assert(
+    fc.property(
+      fc.array(word, { minLength: 1, maxLength: 12 }),
+      fc.array(word, { maxLength: 12 }),
+      (set, probes) => {
+        const rules = new GbnfRules();
+        const gbnf = rules.text(`root ::= ${rules.alternatives("w", set)}`);
+        const members = new Set(set);
+        for (const text of [...set, ...probes]) {
+          assert.equal(
+            accepts(gbnf, text),
+            members.has(text),
+            `${JSON.stringify(text)} under ${JSON.stringify(set)}`,
+          );
+        }
+      },
+    ),
+    { numRuns: 60, seed: 26 },
+  );
 });

@@ -518,7 +518,7 @@ export class JsonGrammar {
       if (values.length === 0) {
         this.#fail(ctx, `${path}/enum has no value of the allowed type.`, "invalid_schema");
       }
-      return this.rules.add(`${hint}-enum`, values.map((v) => gbnfLiteral(JSON.stringify(v))).join(" | "));
+      return this.rules.alternatives(`${hint}-enum`, values.map((v) => JSON.stringify(v)));
     }
     const alternatives = s.oneOf ?? s.anyOf;
     if (alternatives !== undefined) {
@@ -591,7 +591,7 @@ export class JsonGrammar {
     const strings = (schema.enum ?? (schema.const !== undefined ? [schema.const] : undefined)) as
       | unknown[]
       | undefined;
-    if (strings) return this.rules.add(`${hint}-raw`, strings.map((v) => gbnfLiteral(String(v))).join(" | "));
+    if (strings) return this.rules.alternatives(`${hint}-raw`, strings.map((v) => String(v)));
     const alternatives = schema.anyOf ?? schema.oneOf;
     if (Array.isArray(alternatives)) {
       const key = schema.anyOf !== undefined ? "anyOf" : "oneOf";
