@@ -553,6 +553,53 @@ serverTest(
   },
 );
 
+serverTest(
+  "output_format (the structured-outputs beta's name, which the SDK's beta.messages.parse sends) is output_config.format",
+  async () => {
+    const schema = {
+      type: "object",
+      properties: { answer: { type: "integer", minimum: 0, maximum: 9 } },
+      required: ["answer"],
+      additionalProperties: false,
+    };
+    const format = { type: "json_schema" as const, schema };
+    const msg = await client.beta.messages.parse({
+      model: MODEL,
+      max_tokens: 60,
+      thinking: OFF,
+      messages: [{ role: "user", content: "One digit, please." }],
+      output_format: format,
+    });
+    const parsed = msg.parsed_output as { answer: number } | null;
+    assert.ok(
+      parsed && Number.isInteger(parsed.answer) && parsed.answer >= 0 && parsed.answer <= 9,
+      JSON.stringify(parsed),
+    );
+    const base = { model: MODEL, max_tokens: 8, thinking: OFF, messages: [{ role: "user", content: "Hi" }] };
+    // Both names at once: which one is meant is not known.
+    await assertAnthropicError(
+      await post({ ...base, output_format: format, output_config: { format } }),
+      400,
+      "invalid_request_error",
+      "output_format",
+    );
+    // A schema the grammar cannot take is named by the field it came in.
+    const long = { type: "json_schema", schema: { type: "string", minLength: 100000 } };
+    await assertAnthropicError(
+      await post({ ...base, output_format: long }),
+      400,
+      "invalid_request_error",
+      "output_format.schema",
+    );
+    await assertAnthropicError(
+      await post({ ...base, output_config: { format: long } }),
+      400,
+      "invalid_request_error",
+      "output_config.format.schema",
+    );
+  },
+);
+
 serverTest("errors: Anthropic's shape and status, naming the field", async () => {
   const base = { model: MODEL, max_tokens: 4, messages: [{ role: "user", content: "Hi" }] };
   const { max_tokens: _, ...noMax } = base;

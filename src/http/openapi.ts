@@ -134,7 +134,7 @@ const OPERATIONS: Record<string, OperationDoc> = {
     summary: "Create a message (Anthropic Messages API)",
     description: "The Anthropic Messages API on the chat engine path (Claude Code, the Anthropic SDKs): " +
       "system, text / tool_use / tool_result / thinking blocks, custom tools, tool_choice, thinking " +
-      "(enabled, disabled, adaptive), output_config.format as structured output. With `stream: true` " +
+      "(enabled, disabled, adaptive), output_config.format (or the beta's output_format) as structured output. With `stream: true` " +
       "`event: <type>` + `data:` events from `message_start` to `message_stop` (an error after the first " +
       "byte is an `error` event); no `[DONE]`. Keys by `x-api-key` or `Authorization: Bearer`; " +
       "`?beta=true`, `anthropic-version` and `anthropic-beta` are accepted. Errors are Anthropic-shaped.",

@@ -161,6 +161,12 @@ const SystemParam = z.union([z.string(), z.array(TextBlock)], {
   error: "system must be a string or an array of {type:'text', text} blocks",
 });
 
+/** Structured output: the text answer is JSON valid against `schema`. */
+const JsonOutputFormat = z.object({
+  type: z.literal("json_schema"),
+  schema: z.record(z.string(), z.unknown()),
+});
+
 /** Fields shared by `/v1/messages` and `/v1/messages/count_tokens`. */
 const PromptFields = {
   model: ModelIdSchema,
@@ -173,11 +179,13 @@ const PromptFields = {
   /** `effort` is accepted and not translated (the model has no effort levels); `format` is structured output. */
   output_config: z.object({
     effort: z.string().nullish(),
-    format: z.object({
-      type: z.literal("json_schema"),
-      schema: z.record(z.string(), z.unknown()),
-    }).nullish(),
+    format: JsonOutputFormat.nullish(),
   }).nullish(),
+  /**
+   * The structured-outputs beta's name for `output_config.format` (the SDKs' `beta.messages.parse`
+   * still send it): the same, and a 400 when both are given.
+   */
+  output_format: JsonOutputFormat.nullish(),
   /** Accepted; edits are not applied (this server never clears history on its own). */
   context_management: z.looseObject({ edits: z.array(z.looseObject({ type: z.string() })).nullish() })
     .nullish(),

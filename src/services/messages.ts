@@ -154,6 +154,8 @@ interface ParamMap {
   calls: Map<string, string>;
   /** tools[k] → the Anthropic tools index (deferred tools are left out). */
   tools: number[];
+  /** Where the output format came from: `output_config.format` or the beta's `output_format`. */
+  format: string;
 }
 
 /** Claude Code's first system block: per-request billing data that would defeat prompt reuse. */
@@ -178,7 +180,19 @@ export async function toChatRequest(req: MessagesRequest, opts: MessagesOptions)
     );
   }
   const messages: ChatMessage[] = [];
-  const params: ParamMap = { messages: [], calls: new Map(), tools: [] };
+  if (req.output_format && req.output_config?.format) {
+    throw badRequest(
+      "output_format is the structured-outputs beta's name for output_config.format: give one of them, not both.",
+      "output_format",
+      "invalid_value",
+    );
+  }
+  const params: ParamMap = {
+    messages: [],
+    calls: new Map(),
+    tools: [],
+    format: req.output_format ? "output_format" : "output_config.format",
+  };
   const push = (m: ChatMessage, from: string) => {
     messages.push(m);
     params.messages.push(from);
@@ -335,7 +349,7 @@ export async function toChatRequest(req: MessagesRequest, opts: MessagesOptions)
   else if (tc?.type === "tool") toolChoice = { type: "function", function: { name: tc.name } };
   const disableParallel = tc && tc.type !== "none" ? tc.disable_parallel_tool_use : undefined;
 
-  const format = req.output_config?.format;
+  const format = req.output_config?.format ?? req.output_format;
   const thinking = req.thinking;
   const chat: ChatRequest = {
     model: req.model,
@@ -452,14 +466,14 @@ function renameParam(e: unknown, params: ParamMap): unknown {
     renamed = `tools[${params.tools[Number(tool[1])] ?? tool[1]}].${field}${tool[3]}`;
   } else if (p === "tool_choice.function.name") renamed = "tool_choice.name";
   else if (p.startsWith("response_format")) {
-    renamed = p.replace(/^response_format(\.json_schema)?/, "output_config.format");
+    renamed = p.replace(/^response_format(\.json_schema)?/, params.format);
   } else if (p === "max_completion_tokens") renamed = "max_tokens";
   else if (p === "stop") renamed = "stop_sequences";
   else if (p === "chat_template_kwargs.enable_thinking") renamed = "thinking";
   renamed ??= p;
   const message = e.message.replaceAll(p, renamed)
     .replaceAll("tool_choice 'required'", "tool_choice {type:'any'}")
-    .replaceAll("response_format", "output_config.format");
+    .replaceAll("response_format", params.format);
   return new ApiError(e.status, e.type, message, renamed, e.code, e.headers);
 }
 
