@@ -548,7 +548,25 @@ Deno.test("an object of more members than a whole vocabulary's logit_bias is ref
   await assert.rejects(
     parseJsonInSlices(object(MAX_OBJECT_MEMBERS + 1), new Slicer(10)),
     (e: Error) =>
-      e instanceof JsonBodyError && e.limit === "members" && /more than 262144 members/.test(e.message),
+      e instanceof JsonBodyError && e.limit === "members" && /more than 262144 members/.test(e.message) &&
+      e.path === "logit_bias",
+  );
+  // The field is named through arrays, odd keys and keys after nested values.
+  const members = Array.from({ length: MAX_OBJECT_MEMBERS + 1 }, (_, i) => `"${i}":1`).join(",");
+  const deep = `{"a":1,"x":{"y":[0,[],{"z\\"q":{}, "w" : [5, {"n":{"m":2}, "k" : {${members}}}]}]}}`;
+  await assert.rejects(
+    parseJsonInSlices(deep, new Slicer(10)),
+    (e: Error) => e instanceof JsonBodyError && e.path === "x.y[2].w[1].k",
+  );
+  const top = `{${members}}`;
+  await assert.rejects(
+    parseJsonInSlices(top, new Slicer(10)),
+    (e: Error) => e instanceof JsonBodyError && e.path === undefined && /the body itself/.test(e.message),
+  );
+  const odd = `{"b\\"c":[{"":{${members}}}]}`;
+  await assert.rejects(
+    parseJsonInSlices(odd, new Slicer(10)),
+    (e: Error) => e instanceof JsonBodyError && e.path === '["b\\"c"][0][""]',
   );
   // Arrays are not objects: as many elements are fine (no property per element).
   const array = `{"stop":[${Array.from({ length: MAX_OBJECT_MEMBERS + 5 }, () => "1").join(",")}]}`;

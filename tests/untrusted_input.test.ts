@@ -307,14 +307,14 @@ serverTest("a large body nested within the limit is parsed as JSON.parse parses 
 });
 
 serverTest(
-  "an object of 600,000 members (8 MB of metadata) is a 400 before it is built, the limit named",
+  "an object of 600,000 members (8 MB of metadata) is a 400 before it is built, the limit and the field named",
   async () => {
     const keys = Array.from({ length: 600_000 }, (_, i) => `"k${i}":"v"`).join(",");
     const text =
       `{"model":"${CHAT}","messages":[{"role":"user","content":"x"}],"max_tokens":2,"metadata":{${keys}}}`;
     const res = await postJson(url("/v1/chat/completions"), text, KEY);
-    assertApiError(res, 400, { code: "json_too_large" });
-    assert.match(res.body.error.message, /an object of more than 262144 members/);
+    assertApiError(res, 400, { code: "json_too_large", param: "metadata" });
+    assert.match(res.body.error.message, /an object of more than 262144 members \(metadata, /);
   },
 );
 

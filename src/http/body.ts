@@ -91,7 +91,7 @@ async function readJson(req: Request, limitBytes: number, timeoutMs: number): Pr
     if (!(e instanceof JsonBodyError)) throw abortedError(e);
     if (e.limit === "depth") throw badRequest(e.message, null, "json_too_deep");
     if (e.limit === "containers" || e.limit === "members") {
-      throw badRequest(e.message, null, "json_too_large");
+      throw badRequest(e.message, e.path ?? null, "json_too_large");
     }
     throw badRequest(`The request body is not valid JSON (${e.message}).`, null, "invalid_json");
   }

@@ -36,7 +36,8 @@ const STEP = 1 << 16;
 
 /** A body that is not JSON, or past a limit: nesting too deep, too many arrays and objects or members. */
 export class JsonBodyError extends Error {
-  constructor(message: string, readonly limit?: "depth" | "containers" | "members") {
+  /** `path`: the field past a limit (an object of too many members), as `logit_bias` or `a[2].b`. */
+  constructor(message: string, readonly limit?: "depth" | "containers" | "members", readonly path?: string) {
     super(message);
   }
 }
@@ -88,6 +89,10 @@ async function scan(
   const opens = new Int32Array(maxDepth + 1);
   /** Members of each open object so far (its commas). */
   const members = new Int32Array(maxDepth + 1);
+  /** Where the key of each open object's current member starts (its opening quote). */
+  const keyAt = new Int32Array(maxDepth + 1);
+  /** The next string is a key: after an object's `{` or one of its commas. */
+  let expectKey = false;
   const big = new Map<number, number>();
   let depth = 0;
   let containers = 0;
@@ -101,6 +106,10 @@ async function scan(
     }
     const c = text.charCodeAt(i);
     if (c === QUOTE) {
+      if (expectKey) {
+        keyAt[depth - 1] = i;
+        expectKey = false;
+      }
       // To the closing quote, stepping over escapes.
       for (i++; i < n; i++) {
         const d = text.charCodeAt(i);
@@ -127,17 +136,22 @@ async function scan(
       }
       members[depth] = 0;
       opens[depth++] = i;
+      expectKey = c === OPEN_OBJECT;
     } else if (c === COMMA) {
-      if (
-        depth > 0 && ++members[depth - 1] >= MAX_OBJECT_MEMBERS &&
-        text.charCodeAt(opens[depth - 1]) === OPEN_OBJECT
-      ) {
+      expectKey = depth > 0 && text.charCodeAt(opens[depth - 1]) === OPEN_OBJECT;
+      if (expectKey && ++members[depth - 1] >= MAX_OBJECT_MEMBERS) {
+        const path = depth > 1 ? pathOf(text, depth - 1, opens, members, keyAt) : undefined;
         throw new JsonBodyError(
-          `The request body holds an object of more than ${MAX_OBJECT_MEMBERS} members (at character ${i}).`,
+          `The request body holds an object of more than ${MAX_OBJECT_MEMBERS} members ` +
+            `(${path ?? "the body itself"}, at character ${i}).`,
           "members",
+          path,
         );
+      } else if (!expectKey && depth > 0) {
+        members[depth - 1]++;
       }
     } else if (c === CLOSE_ARRAY || c === CLOSE_OBJECT) {
+      expectKey = false;
       if (depth === 0) {
         fault ??= `unexpected '${text[i]}' at position ${i}`;
         continue;
@@ -150,6 +164,38 @@ async function scan(
   }
   if (depth > 0) fault ??= `the '${text[opens[depth - 1]]}' at position ${opens[depth - 1]} is not closed`;
   return fault ?? big;
+}
+
+/**
+ * The field holding the open container at `level` (0: the body), as `messages[3].content`: each open
+ * object's current key and each open array's current index.
+ */
+function pathOf(
+  text: string,
+  level: number,
+  opens: Int32Array,
+  members: Int32Array,
+  keyAt: Int32Array,
+): string {
+  let path = "";
+  for (let k = 0; k < level; k++) {
+    if (text.charCodeAt(opens[k]) !== OPEN_OBJECT) {
+      path += `[${members[k]}]`;
+      continue;
+    }
+    let end = keyAt[k] + 1;
+    while (end < text.length && text.charCodeAt(end) !== QUOTE) {
+      end += text.charCodeAt(end) === BACKSLASH ? 2 : 1;
+    }
+    let key: string;
+    try {
+      key = String(JSON.parse(text.slice(keyAt[k], end + 1)));
+    } catch {
+      key = "?";
+    }
+    path += /^[A-Za-z_$][\w$]*$/.test(key) ? `${path ? "." : ""}${key}` : `[${JSON.stringify(key)}]`;
+  }
+  return path;
 }
 
 function parsePiece(text: string, at: number): unknown {
