@@ -136,7 +136,7 @@ const SHAPES = {
     pin: (t: Json, schema: Json) => (t.input_schema = schema),
     force: (name: string) => ({ tool_choice: { type: "tool", name, disable_parallel_tool_use: true } }),
     none: () => ({ tool_choice: { type: "none" } }),
-    format: (body: Json) => body.output_config?.format,
+    format: (body: Json) => body.output_config?.format ?? body.output_format,
     answer: (body: Json, schema: Json) => ({
       output_config: { ...body.output_config, format: { type: "json_schema", schema } },
     }),

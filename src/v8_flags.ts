@@ -18,7 +18,7 @@
  * probe of 30-52 ms (over 40 ms in 3 of 5, the loop's own CPU held over 50 ms in 2) and of 23-35 ms
  * with the flag (none over 40), V8's helpers using 1.0-1.3 s of CPU against 0.56-0.68 s (what is
  * left is compilation). Over a mixed load the main isolate's longest pause went from 8.0 to 13.1 ms
- * and `/health` stayed alike (worst 20-45 against 29-42 ms); a worker's own pauses grow (to 118 ms in
+ * and `/health` stayed alike (worst 17-45 against 29-42 ms); a worker's own pauses grow (to 118 ms in
  * one), which delays its work, not the loop.
  */
 export const V8_FLAGS = ["--max-semi-space-size=1", "--single-threaded-gc"] as const;

@@ -71,6 +71,25 @@ Deno.test("agent proxy: Anthropic messages — a forced, pinned call, then tool 
   assert.deepEqual(second.output_config, { effort: "high", format: { type: "json_schema", schema: ANSWER } });
   assert.equal(second.max_tokens, 100);
   assert.equal(second.logit_bias, undefined);
+  // The client's own format, under the beta's name (beta.messages.parse), is kept, not doubled.
+  const own = { type: "json_schema", schema: params };
+  const parsed = rewrite(
+    {
+      model: "m",
+      max_tokens: 100,
+      tools,
+      output_format: own,
+      messages: [
+        { role: "user", content: "Go" },
+        { role: "assistant", content: [{ type: "tool_use", id: "t1", name: "run", input: {} }] },
+        { role: "user", content: [{ type: "tool_result", tool_use_id: "t1", content: "hello" }] },
+      ],
+    },
+    "messages",
+    OPTS,
+  );
+  assert.deepEqual(parsed.output_format, own);
+  assert.equal(parsed.output_config, undefined);
 });
 
 Deno.test("agent proxy: chat completions and Responses take the same rewrite", () => {

@@ -918,3 +918,37 @@ Deno.test("GbnfRules.alternatives takes exactly its strings (random sets over qu
     { numRuns: 60, seed: 26 },
   );
 });
+
+Deno.test("xml dialect grammar: an empty string enum is a 400 naming it, not a crash", () => {
+  const g = new JsonGrammar();
+  const parameters = {
+    type: "object",
+    properties: { unit: { type: "string", enum: [] } },
+    required: ["unit"],
+  };
+  assert.throws(
+    () => xmlDialect.callRule(g, { name: "f", parameters }, "tools[0].function.parameters", "t0", TEXT_TAGS),
+    (e: unknown) =>
+      e instanceof GrammarError && e.code === "invalid_schema" &&
+      /enum must be a non-empty array/.test(e.message),
+  );
+});
+
+Deno.test("json schema: one enum used by many properties is one set of rules", () => {
+  const codes = Array.from({ length: 1000 }, (_, i) => `c${String(i).padStart(3, "0")}`);
+  const schema = (n: number) => ({
+    type: "object",
+    $defs: { C: { enum: codes } },
+    properties: Object.fromEntries(
+      Array.from({ length: n }, (_, i) => [`p${i}`, { $ref: "#/$defs/C", type: "string" }]),
+    ),
+  });
+  const size = (n: number) => {
+    const g = new JsonGrammar();
+    g.schema(schema(n), "response_format", "out");
+    return g.rules.size;
+  };
+  // The enum's tree is hundreds of rules; each further property adds a few of its own.
+  assert.ok(size(1) > 100, `${size(1)}`);
+  assert.ok(size(30) - size(1) < 29 * 10, `${size(1)} rules for 1 property, ${size(30)} for 30`);
+});

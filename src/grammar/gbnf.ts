@@ -36,6 +36,10 @@ export function gbnfClass(chars: Iterable<string>, negated = false): string {
   return out + "]";
 }
 
+function isHighSurrogate(unit: number): boolean {
+  return unit >= 0xd800 && unit <= 0xdbff;
+}
+
 function isLowSurrogate(unit: number): boolean {
   return unit >= 0xdc00 && unit <= 0xdfff;
 }
@@ -78,6 +82,8 @@ function escapeChar(ch: string, quote: string): string {
 export class GbnfRules {
   readonly #rules = new Map<string, string>();
   readonly #byBody = new Map<string, string>();
+  /** The rule of each set of strings given to {@link alternatives}, by the sorted set. */
+  readonly #bySet = new Map<string, string>();
   /** The next suffix to try for each base name (names are never freed: the ones below are taken). */
   readonly #nextSuffix = new Map<string, number>();
   readonly #prefix: string;
@@ -97,32 +103,50 @@ export class GbnfRules {
   }
 
   /**
-   * A rule matching exactly the strings `texts` (repeats allowed), their shared beginnings written
-   * once: `"ab" ("c" | "d" x-1)` with `x-1 ::= "d" ("e" | "f")` for abc, abdde and abddf, rather than one
-   * alternative per string. llama.cpp keeps an open alternative for every way the output so far can
-   * be read and checks each against every candidate token: 1,000 values sharing a 240-character
-   * beginning kept 1,000 open through it (64 tokens took 62 s and slowed every other chat); as a tree,
-   * one. Every branching point is a rule of its own, so nothing nests deeper than one group.
+   * A rule matching exactly the strings `texts` (at least one; repeats allowed), their shared
+   * beginnings written once: `"ab" ("c" | x)` with `x ::= "dd" ("e" | "f")` for abc, abdde and abddf,
+   * rather than one alternative per string. llama.cpp keeps an open alternative for every way the
+   * output so far can be read and checks each against every candidate token: 1,000 values sharing a
+   * 240-character beginning kept 1,000 open through it (64 tokens took 62 s and slowed every other
+   * chat); as a tree, one. Every branching point is a rule of its own, so no group nests in another.
+   * Charged as the flat form was (every character of every string), and the same set again reuses
+   * its rule.
    *
    * @example
    * ```ts
    * const rules = new GbnfRules();
    * const name = rules.alternatives("unit", ['"celsius"', '"centigrade"', '"fahrenheit"']);
    * rules.text(`root ::= ${name}`);
-   * // unit-1 ::= "\"" (unit | "fahrenheit\"")
-   * // unit ::= "ce" ("lsius\"" | "ntigrade\"")
+   * // unit ::= "\"" (unit-1 | "fahrenheit\"")
+   * // unit-1 ::= "ce" ("lsius\"" | "ntigrade\"")
    * ```
    */
   alternatives(hint: string, texts: readonly string[]): string {
+    if (texts.length === 0) throw new Error("alternatives of no string");
     // Sorted by code units, the strings sharing a beginning are neighbours, the shortest first.
     const words = [...new Set(texts)].sort();
+    let chars = 0;
+    for (const w of words) chars += w.length + 3;
+    this.budget.charge(chars * COSTS.char);
+    const key = JSON.stringify(words);
+    const known = this.#bySet.get(key);
+    if (known) return known;
+    const root = this.reserve(hint);
+    this.#bySet.set(key, root);
     const pending: { lo: number; hi: number; depth: number; name: string }[] = [];
     const node = (lo: number, hi: number, depth: number): string => {
       const first = words[lo], last = words[hi - 1];
       let p = depth;
       while (p < first.length && p < last.length && first.charCodeAt(p) === last.charCodeAt(p)) p++;
-      // Not between the two halves of a surrogate pair.
-      if (p > depth && p < first.length && isLowSurrogate(first.charCodeAt(p))) p--;
+      // Not between the two halves of a surrogate pair that one of the strings goes on with.
+      if (p > depth && isHighSurrogate(first.charCodeAt(p - 1))) {
+        for (let i = lo; i < hi; i++) {
+          if (isLowSurrogate(words[i].charCodeAt(p))) {
+            p--;
+            break;
+          }
+        }
+      }
       const parts: string[] = [];
       if (p > depth) parts.push(gbnfLiteral(first.slice(depth, p)));
       const endsHere = first.length === p;
@@ -143,11 +167,11 @@ export class GbnfRules {
       if (alts.length > 0) parts.push(`(${alts.join(" | ")})${endsHere ? "?" : ""}`);
       return parts.length > 0 ? parts.join(" ") : '""';
     };
-    const root = node(0, words.length, 0);
+    pending.push({ lo: 0, hi: words.length, depth: 0, name: root });
     for (let next = pending.pop(); next; next = pending.pop()) {
       this.define(next.name, node(next.lo, next.hi, next.depth));
     }
-    return this.add(hint, root);
+    return root;
   }
 
   /** Adds a rule and returns its name (an existing rule with the same body is reused). */

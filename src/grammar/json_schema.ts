@@ -591,7 +591,15 @@ export class JsonGrammar {
     const strings = (schema.enum ?? (schema.const !== undefined ? [schema.const] : undefined)) as
       | unknown[]
       | undefined;
-    if (strings) return this.rules.alternatives(`${hint}-raw`, strings.map((v) => String(v)));
+    if (strings) {
+      if (!Array.isArray(strings) || strings.length === 0) {
+        this.#fail(ctx, "#/enum must be a non-empty array.", "invalid_schema", {
+          keyword: "enum",
+          path: "#/enum",
+        });
+      }
+      return this.rules.alternatives(`${hint}-raw`, strings.map((v) => String(v)));
+    }
     const alternatives = schema.anyOf ?? schema.oneOf;
     if (Array.isArray(alternatives)) {
       const key = schema.anyOf !== undefined ? "anyOf" : "oneOf";

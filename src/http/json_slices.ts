@@ -193,6 +193,8 @@ function pathOf(
     } catch {
       key = "?";
     }
+    // A key of megabytes is not echoed whole.
+    if (key.length > 64) key = `${key.slice(0, 64)}…`;
     path += /^[A-Za-z_$][\w$]*$/.test(key) ? `${path ? "." : ""}${key}` : `[${JSON.stringify(key)}]`;
   }
   return path;
