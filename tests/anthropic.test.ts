@@ -600,6 +600,67 @@ serverTest(
   },
 );
 
+serverTest(
+  "a tool parameter whose raw text cannot be written is a 400 and the server keeps serving (a U+0000 aborted the process)",
+  async () => {
+    const tool = (schema: Json) => ({
+      name: "f",
+      description: "takes s",
+      input_schema: { type: "object", properties: { s: schema }, required: ["s"] },
+    });
+    const base = {
+      model: MODEL,
+      max_tokens: 24,
+      thinking: OFF,
+      tool_choice: { type: "any" },
+      messages: [{ role: "user", content: "Call f." }],
+    };
+    // Refused before generating: constants the XML format's raw text cannot carry.
+    for (
+      const [schema, keyword] of [
+        [{ type: "string", enum: ["\u0000"] }, "#/enum"],
+        [{ type: "string", const: "a\u0000b" }, "#/const"],
+        [{ type: "string", enum: ["ok", "\ud800"] }, "#/enum"],
+        [{ type: "string", enum: ["x</tool_call>"] }, "#/enum"],
+      ] as const
+    ) {
+      await assertAnthropicError(
+        await post({ ...base, tools: [tool(schema)] }),
+        400,
+        "invalid_request_error",
+        keyword,
+      );
+    }
+    // Found while generating: the grammar allows no token (llama.cpp reads U+0000 as a token's end).
+    await assertAnthropicError(
+      await post({ ...base, tools: [tool({ type: "string", pattern: "^a\\u0000$" })] }),
+      400,
+      "invalid_request_error",
+      "allows no token",
+    );
+    const chat = await postJson(`${server.url}/v1/chat/completions`, {
+      model: MODEL,
+      max_tokens: 24,
+      messages: [{ role: "user", content: "Call f." }],
+      chat_template_kwargs: { enable_thinking: false },
+      tools: [{
+        type: "function",
+        function: { name: "f", parameters: tool({ type: "string", pattern: "^a\\u0000$" }).input_schema },
+      }],
+      tool_choice: "required",
+    }, KEY);
+    assert.equal(chat.status, 400, JSON.stringify(chat.body));
+    assert.equal(chat.body.error.code, "invalid_schema");
+    assert.equal(chat.body.error.param, "tools");
+    assert.match(chat.body.error.message, /allows no token/);
+    // Still serving: the same tool with a value it can write.
+    const ok = await post({ ...base, tools: [tool({ type: "string", enum: ["left", "right"] })] });
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
+    const call = ok.body.content.find((b: Json) => b.type === "tool_use");
+    assert.ok(["left", "right"].includes(call.input.s), JSON.stringify(call));
+  },
+);
+
 serverTest("errors: Anthropic's shape and status, naming the field", async () => {
   const base = { model: MODEL, max_tokens: 4, messages: [{ role: "user", content: "Hi" }] };
   const { max_tokens: _, ...noMax } = base;

@@ -952,3 +952,27 @@ Deno.test("json schema: one enum used by many properties is one set of rules", (
   assert.ok(size(1) > 100, `${size(1)}`);
   assert.ok(size(30) - size(1) < 29 * 10, `${size(1)} rules for 1 property, ${size(30)} for 30`);
 });
+
+Deno.test("tool constants never spell </tool_call>: JSON writes <\\/ (the same value), the XML format's raw text refuses it and free raw text cannot hold it", () => {
+  const json = schemaGrammar({ enum: ["x</tool_call>", "y"] });
+  assert.ok(accepts(json, '"x<\\/tool_call>"'));
+  assert.equal(JSON.parse('"x<\\/tool_call>"'), "x</tool_call>");
+  assert.ok(!accepts(json, '"x</tool_call>"'));
+  const call = (parameters: Record<string, unknown>) => {
+    const g = new JsonGrammar();
+    return g.rules.text(
+      `root ::= ${
+        xmlDialect.callRule(g, { name: "f", parameters }, "tools[0].function.parameters", "t0", TEXT_TAGS)
+      }`,
+    );
+  };
+  assert.throws(
+    () => call({ type: "object", properties: { s: { type: "string", enum: ["x</tool_call>"] } } }),
+    (e: unknown) => e instanceof GrammarError && e.code === "invalid_schema" && e.keyword === "enum",
+  );
+  const free = call({ type: "object", properties: { s: { type: "string" } }, required: ["s"] });
+  const text = (v: string) =>
+    `<tool_call>\n<function=f>\n<parameter=s>\n${v}\n</parameter>\n</function>\n</tool_call>`;
+  assert.ok(accepts(free, text("a</function>b")));
+  assert.ok(!accepts(free, text("a</tool_call>b")));
+});

@@ -182,6 +182,7 @@ Deno.test("sampler: a filter's refused draws are taken out and drawn again; the 
         for (let t = 0; t < x.length; t++) if (!allowed.has(t)) x[t] = -Infinity;
         return Promise.resolve();
       },
+      deadEnd: () => new Error("no token allowed"),
     };
     return f;
   };
@@ -202,6 +203,14 @@ Deno.test("sampler: a filter's refused draws are taken out and drawn again; the 
     const s = new TokenSampler(params({ temperature: 2, seed }), x.length);
     const { token } = await s.sample(x, filterOf(some));
     assert.ok(some.has(token), `seed ${seed}: ${token}`);
+  } // A filter that allows nothing ends the draw with its error, greedy or not: a refused token never
+  // reaches llama.cpp's grammar (it aborts the process on one).
+  for (
+    const p of [params({ temperature: 0 }), params({ temperature: 1, topK: 5 }), params({ temperature: 1 })]
+  ) {
+    const none = filterOf(new Set());
+    await assert.rejects(Promise.resolve(new TokenSampler(p, x.length).sample(x, none)), /no token allowed/);
+    assert.equal(none.masks, 1);
   }
 });
 

@@ -501,7 +501,7 @@ export class JsonGrammar {
       );
       return this.#rule(merged, ctx, path, depth + 1, hint);
     }
-    if (s.const !== undefined) return this.rules.add(`${hint}-const`, gbnfLiteral(JSON.stringify(s.const)));
+    if (s.const !== undefined) return this.rules.add(`${hint}-const`, gbnfLiteral(jsonText(s.const)));
     if (s.enum !== undefined) {
       if (!Array.isArray(s.enum) || s.enum.length === 0) {
         this.#fail(ctx, `${path}/enum must be a non-empty array.`, "invalid_schema");
@@ -518,7 +518,7 @@ export class JsonGrammar {
       if (values.length === 0) {
         this.#fail(ctx, `${path}/enum has no value of the allowed type.`, "invalid_schema");
       }
-      return this.rules.alternatives(`${hint}-enum`, values.map((v) => JSON.stringify(v)));
+      return this.rules.alternatives(`${hint}-enum`, values.map(jsonText));
     }
     const alternatives = s.oneOf ?? s.anyOf;
     if (alternatives !== undefined) {
@@ -592,13 +592,21 @@ export class JsonGrammar {
       | unknown[]
       | undefined;
     if (strings) {
+      const keyword = schema.enum !== undefined ? "enum" : "const";
       if (!Array.isArray(strings) || strings.length === 0) {
-        this.#fail(ctx, "#/enum must be a non-empty array.", "invalid_schema", {
-          keyword: "enum",
-          path: "#/enum",
-        });
+        this.#fail(ctx, "#/enum must be a non-empty array.", "invalid_schema", { keyword, path: "#/enum" });
       }
-      return this.rules.alternatives(`${hint}-raw`, strings.map((v) => String(v)));
+      const texts = strings.map((v) => String(v));
+      if (texts.some((t) => UNWRITABLE.test(t) || t.includes(TOOL_CALL_CLOSE))) {
+        this.#fail(
+          ctx,
+          `#/${keyword} holds a string that a parameter's raw text cannot carry in this model's tool-call format ` +
+            `(it has no escapes): a U+0000 character, a lone surrogate or '${TOOL_CALL_CLOSE}'.`,
+          "invalid_schema",
+          { keyword, path: `#/${keyword}` },
+        );
+      }
+      return this.rules.alternatives(`${hint}-raw`, texts);
     }
     const alternatives = schema.anyOf ?? schema.oneOf;
     if (Array.isArray(alternatives)) {
@@ -830,12 +838,12 @@ export class JsonGrammar {
     // Properties in declared order: required ones always, optional ones possibly.
     const kvs = names.map((n) => {
       const value = this.#rule(props[n], ctx, `${path}/properties/${n}`, depth + 1, `${hint}-${n}`);
-      return `${gbnfLiteral(JSON.stringify(n))} ws ":" ws ${value} ws`;
+      return `${gbnfLiteral(jsonText(n))} ws ":" ws ${value} ws`;
     });
     for (const r of required) {
       if (!(r in props)) {
         names.push(r);
-        kvs.push(`${gbnfLiteral(JSON.stringify(r))} ws ":" ws value ws`);
+        kvs.push(`${gbnfLiteral(jsonText(r))} ws ":" ws value ws`);
       }
     }
     if (maxProps !== undefined && maxProps < required.size) {
@@ -1176,6 +1184,24 @@ function inferTypes(s: Schema): string[] {
   }
   return ["any"];
 }
+
+/**
+ * A constant's JSON text as the grammar writes it: `JSON.stringify`'s, with every `</` written `<\\/`
+ * (the same value), so that a constant never spells a closing tag (`</tool_call>`) that the output's
+ * parser would take for the end of a tool call.
+ */
+function jsonText(v: unknown): string {
+  return JSON.stringify(v).replaceAll("</", "<\\/");
+}
+
+/**
+ * Text that raw (unescaped) output cannot hold: U+0000, which llama.cpp reads as the end of a token's
+ * text, and a lone surrogate, which UTF-8 cannot encode.
+ */
+// deno-lint-ignore no-control-regex
+const UNWRITABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+/** The end of a tool call: raw text holding it would end the call early. */
+const TOOL_CALL_CLOSE = "</tool_call>";
 
 /** Whether `v` fits the schema's `type` (enum entries of other types can never be valid). */
 function typeAllows(s: Schema, v: unknown): boolean {

@@ -197,7 +197,8 @@ function pathOf(
     if (key.length > 64) key = `${key.slice(0, 64)}…`;
     path += /^[A-Za-z_$][\w$]*$/.test(key) ? `${path ? "." : ""}${key}` : `[${JSON.stringify(key)}]`;
   }
-  return path;
+  // Nor a path of hundreds of levels: its two ends.
+  return path.length > 256 ? `${path.slice(0, 127)}…${path.slice(-127)}` : path;
 }
 
 function parsePiece(text: string, at: number): unknown {

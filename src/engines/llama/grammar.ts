@@ -257,6 +257,19 @@ export class GrammarConstraint implements TokenFilter {
     );
   }
 
+  /**
+   * The error when this grammar allows no token at all: what it asks for next cannot be written in
+   * the model's tokens (llama.cpp reads a character U+0000 as the end of a token's text).
+   */
+  deadEnd(): EngineInputError {
+    return new EngineInputError(
+      `The output grammar of ${this.#param} allows no token after ${this.#accepted} tokens: what the schema ` +
+        "asks for next cannot be generated (a U+0000 character, say).",
+      this.#param,
+      "invalid_schema",
+    );
+  }
+
   /** An independent copy of the current state (for n > 1 choices). */
   clone(): GrammarConstraint {
     const ptr = this.#lib.symbols.llama_sampler_clone(this.#live());

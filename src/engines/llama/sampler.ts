@@ -74,6 +74,8 @@ export interface TokenFilter {
   allows(token: number): boolean;
   /** Sets the logit of every token that may not come next to -Infinity (expensive: off the event loop). */
   mask(logits: Float32Array): Promise<void>;
+  /** The error to end with when no token may come next (thrown by {@link TokenSampler.sample}). */
+  deadEnd(): Error;
 }
 
 /**
@@ -139,13 +141,23 @@ export class TokenSampler {
     let token = this.#pick(x);
     if (filter) {
       for (let tries = 1; !filter.allows(token); tries++) {
-        if (tries >= FILTER_TRIES) return filter.mask(x).then(() => this.#drawn(x, this.#pick(x), logprobs));
+        if (tries >= FILTER_TRIES) return filter.mask(x).then(() => this.#drawnAllowed(x, filter, logprobs));
         x[token] = -Infinity;
         token = this.#pick(x);
       }
       // The log-probabilities are over what the grammar allows: the mask is needed for them.
       if (logprobs !== undefined) return filter.mask(x).then(() => this.#drawn(x, token, logprobs));
     }
+    return this.#drawn(x, token, logprobs);
+  }
+
+  /**
+   * A draw from `x` once the filter's mask is applied; throws the filter's {@link TokenFilter.deadEnd}
+   * when it left no token (a draw would then be one it refuses, which llama.cpp's grammar cannot take).
+   */
+  #drawnAllowed(x: Float32Array, filter: TokenFilter, logprobs: number | undefined): SampledToken {
+    const token = this.#pick(x);
+    if (!(x[token] > -Infinity)) throw filter.deadEnd();
     return this.#drawn(x, token, logprobs);
   }
 

@@ -25,7 +25,7 @@ export const xmlDialect: ToolDialect = {
     const names = Object.keys(props);
     let params: string;
     if (names.length === 0 && schema.additionalProperties !== false) {
-      const free = textWithout(rules, `${hint}-raw`, VALUE_END);
+      const free = textWithout(rules, `${hint}-raw`, [VALUE_END, xmlDialect.close]);
       params = `( "<parameter=" [a-zA-Z0-9_.-]{1,64} ">\\n" ${free} ${gbnfLiteral(`${VALUE_END}\n`)} )*`;
     } else {
       params = names.map((key) => {
@@ -74,7 +74,7 @@ function valueRule(
     inlineRefs(schema, root) as Record<string, unknown>,
     param,
     hint,
-    () => textWithout(grammar.rules, `${hint}-raw`, VALUE_END),
+    () => textWithout(grammar.rules, `${hint}-raw`, [VALUE_END, xmlDialect.close]),
   );
 }
 
