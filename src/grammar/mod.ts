@@ -27,6 +27,7 @@ export {
   mergeSchemas,
   multiplesBetween,
   VALIDATED_KEYWORDS,
+  warmUpGrammar,
 } from "./json_schema.ts";
 export {
   AutomatonCache,
