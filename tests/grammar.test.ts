@@ -966,10 +966,12 @@ Deno.test("tool constants never spell </tool_call>: JSON writes <\\/ (the same v
       }`,
     );
   };
-  assert.throws(
-    () => call({ type: "object", properties: { s: { type: "string", enum: ["x</tool_call>"] } } }),
-    (e: unknown) => e instanceof GrammarError && e.code === "invalid_schema" && e.keyword === "enum",
-  );
+  for (const bad of ["x</tool_call>", "a\n</parameter>b"]) {
+    assert.throws(
+      () => call({ type: "object", properties: { s: { type: "string", enum: ["ok", bad] } } }),
+      (e: unknown) => e instanceof GrammarError && e.code === "invalid_schema" && e.keyword === "enum",
+    );
+  }
   const free = call({ type: "object", properties: { s: { type: "string" } }, required: ["s"] });
   const text = (v: string) =>
     `<tool_call>\n<function=f>\n<parameter=s>\n${v}\n</parameter>\n</function>\n</tool_call>`;

@@ -17,7 +17,7 @@
  */
 import { type Budget, COSTS } from "./budget.ts";
 import { GrammarError, type GrammarErrorCode } from "./errors.ts";
-import { gbnfLiteral, GbnfRules, MAX_REPETITION } from "./gbnf.ts";
+import { gbnfLiteral, GbnfRules, MAX_REPETITION, textWithout } from "./gbnf.ts";
 import { measureSchema, resolvePointer } from "./measure.ts";
 import { EmptyRangeError, multipleOfInteger, numberRange } from "./ranges.ts";
 import { PatternError, PatternMatcher, patternRules, PatternTooLargeError } from "./regex.ts";
@@ -577,14 +577,15 @@ export class JsonGrammar {
   }
 
   /**
-   * A rule for a string's raw text (no quotes, no JSON escapes) under a string schema: enum,
-   * const, format, pattern, length bounds; `other` is the rule for free text. For the XML dialect.
+   * A rule for a string's raw text (no quotes, no escapes) under a string schema: enum, const,
+   * format, pattern, length bounds. `markers` are what the text may never hold (the format's closing
+   * tags): free text is kept clear of them, and a constant holding one is refused. For the XML dialect.
    */
-  rawString(schema: Schema, param: string, hint: string, other: () => string): string {
-    return named(param, () => this.#rawString(schema, param, hint, other));
+  rawString(schema: Schema, param: string, hint: string, markers: readonly string[]): string {
+    return named(param, () => this.#rawString(schema, param, hint, markers));
   }
 
-  #rawString(schema: Schema, param: string, hint: string, other: () => string): string {
+  #rawString(schema: Schema, param: string, hint: string, markers: readonly string[]): string {
     this.#ensurePrimitives();
     const ctx: Context = { root: schema, param, refs: new Map(), hint };
     this.#checkCompilable(schema, ctx);
@@ -597,11 +598,13 @@ export class JsonGrammar {
         this.#fail(ctx, "#/enum must be a non-empty array.", "invalid_schema", { keyword, path: "#/enum" });
       }
       const texts = strings.map((v) => String(v));
-      if (texts.some((t) => UNWRITABLE.test(t) || t.includes(TOOL_CALL_CLOSE))) {
+      if (texts.some((t) => UNWRITABLE.test(t) || markers.some((m) => t.includes(m)))) {
         this.#fail(
           ctx,
           `#/${keyword} holds a string that a parameter's raw text cannot carry in this model's tool-call format ` +
-            `(it has no escapes): a U+0000 character, a lone surrogate or '${TOOL_CALL_CLOSE}'.`,
+            `(it has no escapes): a U+0000 character, a lone surrogate or ${
+              markers.map((m) => JSON.stringify(m)).join(" or ")
+            }.`,
           "invalid_schema",
           { keyword, path: `#/${keyword}` },
         );
@@ -624,7 +627,7 @@ export class JsonGrammar {
       const alts = alternatives.map((a, i) => {
         const merged = isObject(a) ? mergeSchemas(rest, a as Schema, this.#budget) : undefined;
         if (!merged) Object.keys(rest).forEach((k) => this.validated.add(k));
-        return this.rawString(merged ?? a as Schema, param, `${hint}-${i}`, other);
+        return this.rawString(merged ?? a as Schema, param, `${hint}-${i}`, markers);
       });
       return this.rules.add(`${hint}-alt`, alts.join(" | "));
     }
@@ -632,7 +635,7 @@ export class JsonGrammar {
     if (text !== undefined) return text;
     const min = bound(schema.minLength, 0);
     const max = schema.maxLength === undefined ? undefined : bound(schema.maxLength, 0);
-    if (min === 0 && max === undefined) return other();
+    if (min === 0 && max === undefined) return textWithout(this.rules, `${hint}-raw`, markers);
     // Bounded raw text: characters other than '<' keep it clear of the closing tag.
     const chars = this.rules.repeat("[^<]", min, max, "minLength");
     if (!chars.bounded) this.validated.add("maxLength");
@@ -1247,8 +1250,6 @@ function jsonText(v: unknown): string {
  */
 // deno-lint-ignore no-control-regex
 const UNWRITABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
-/** The end of a tool call: raw text holding it would end the call early. */
-const TOOL_CALL_CLOSE = "</tool_call>";
 
 /** Whether `v` fits the schema's `type` (enum entries of other types can never be valid). */
 function typeAllows(s: Schema, v: unknown): boolean {

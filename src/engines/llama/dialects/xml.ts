@@ -11,12 +11,15 @@ import type { CallEvent, CallParser, CallResult, CallTags, ToolDialect } from ".
 import { isStringSchema, parameterSchema, resolveRef } from "./parameter_schema.ts";
 
 const VALUE_END = "\n</parameter>";
+const CLOSE = "</tool_call>";
+/** What a raw value may never hold: the end of its parameter, of the call. */
+const RAW_MARKERS = [VALUE_END, CLOSE];
 
 /** Calls as `<function=…>` with one `<parameter=…>` block per argument. */
 export const xmlDialect: ToolDialect = {
   name: "xml",
   open: "<tool_call>",
-  close: "</tool_call>",
+  close: CLOSE,
   callRule(grammar: JsonGrammar, tool: EngineTool, param: string, hint: string, tags: CallTags): string {
     const rules = grammar.rules;
     const schema = objectSchema(tool.parameters);
@@ -25,7 +28,7 @@ export const xmlDialect: ToolDialect = {
     const names = Object.keys(props);
     let params: string;
     if (names.length === 0 && schema.additionalProperties !== false) {
-      const free = textWithout(rules, `${hint}-raw`, [VALUE_END, xmlDialect.close]);
+      const free = textWithout(rules, `${hint}-raw`, RAW_MARKERS);
       params = `( "<parameter=" [a-zA-Z0-9_.-]{1,64} ">\\n" ${free} ${gbnfLiteral(`${VALUE_END}\n`)} )*`;
     } else {
       params = names.map((key) => {
@@ -70,12 +73,7 @@ function valueRule(
   hint: string,
 ): string {
   if (!isStringSchema(schema, root)) return grammar.schema(schema ?? true, param, hint);
-  return grammar.rawString(
-    inlineRefs(schema, root) as Record<string, unknown>,
-    param,
-    hint,
-    () => textWithout(grammar.rules, `${hint}-raw`, [VALUE_END, xmlDialect.close]),
-  );
+  return grammar.rawString(inlineRefs(schema, root) as Record<string, unknown>, param, hint, RAW_MARKERS);
 }
 
 /** A string schema with its local `$ref`s replaced by their targets (string schemas do not recurse). */
